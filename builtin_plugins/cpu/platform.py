@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import os
+
+from kernelcore import hookimpl
+from kernelcore.platforms import Platform
+
+
+class CpuPlatform(Platform):
+    device_name = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+
+    @hookimpl
+    def check_and_update_config(self, config):
+        if config.parallel.worker_cls == "auto":
+            config.parallel.worker_cls = "builtin_plugins.cpu.worker.CpuWorker"
+        if not any(mode in config.custom_ops for mode in ("all", "none")):
+            config.custom_ops.append("all")
+        if config.model.dtype == "auto":
+            config.model.dtype = "bfloat16" if _has_fast_bf16() else "float32"
+
+    @hookimpl
+    def get_attn_backend_cls(self, selector):
+        return "builtin_plugins.cpu.attention.CpuAttentionBackend"
+
+    @hookimpl
+    def get_device_communicator_cls(self):
+        return "kernelcore.distributed.TorchDistCommunicator"
+
+    @hookimpl
+    def register_triton_kernel_overrides(self, kernels):
+        # Triton cannot launch on CPU tensors: every kernel gets its torch fallback.
+        from builtin_plugins.cpu.kernels import override_with_torch
+
+        override_with_torch(kernels)
+
+
+def _has_fast_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_bf16" in f.read() or "amx_bf16" in f.read()
+    except OSError:
+        return os.uname().machine == "arm64"

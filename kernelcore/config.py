@@ -1,0 +1,101 @@
+"""Plain-data configs that pickle across spawn; per-rank copies via dataclasses.replace."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = None  # local HF directory; None = the embedded default model
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16" | "auto"
+    max_model_len: int | None = None  # None = from the HF config
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    served_model_name: str | None = None
+    architecture: str | None = None  # resolved by build_config
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    is_block_size_user_set: bool = False
+    kv_cache_memory: int = 2 << 30  # bytes for the whole KV cache (per rank)
+    num_blocks: int | None = None  # set by the worker after profiling
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    rank: int = 0
+    worker_cls: str = "auto"
+    distributed_init_method: str | None = None
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+
+
+@dataclass
+class LoraConfig:
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 8
+
+
+@dataclass
+class KernelConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    custom_ops: list[str] = field(default_factory=list)  # "all"/"none" + "+name"/"-name"
+    device_type: str = "cpu"
+    platform_plugin: str | None = None  # entry-point name of the resolved platform
+
+    def for_rank(self, rank: int) -> "KernelConfig":
+        return dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, rank=rank))
+
+
+def validate_custom_ops(custom_ops: list[str]) -> None:
+    base = [s for s in custom_ops if s in ("all", "none")]
+    if len(base) != 1:
+        raise ValueError(f"custom_ops must contain exactly one base mode: 'all' or 'none' (got {custom_ops})")
+    for s in custom_ops:
+        if s in ("all", "none"):
+            continue
+        if s[:1] not in "+-" or len(s) < 2:
+            raise ValueError(f"custom_ops entry {s!r} must be 'all', 'none', '+name' or '-name'")
+        if ("+" + s[1:]) in custom_ops and ("-" + s[1:]) in custom_ops:
+            raise ValueError(f"custom op {s[1:]!r} is both enabled and disabled in {custom_ops}")
+
+
+_current: KernelConfig | None = None
+
+
+def get_current_config() -> KernelConfig:
+    """The config of the model being built in this process (a default one if none)."""
+    global _current
+    if _current is None:
+        _current = KernelConfig(custom_ops=["all"])
+    return _current
+
+
+@contextlib.contextmanager
+def set_current_config(config: KernelConfig) -> Iterator[KernelConfig]:
+    global _current
+    previous, _current = _current, config
+    try:
+        yield config
+    finally:
+        _current = previous

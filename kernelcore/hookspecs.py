@@ -1,0 +1,207 @@
+"""The kernelcore plugin contract: every hook a plugin may implement.
+
+Plugins reach kernelcore through three entry-point groups:
+
+* ``kernelcore.platform_plugins``: a module (or object) implementing
+  :func:`detect_platform`. The detected :class:`~kernelcore.platforms.Platform`
+  instance is then registered too, so its ``@hookimpl`` methods take part in
+  the platform hooks below.
+* ``kernelcore.general_plugins``: a module (or object) implementing any of
+  the other hooks. Its ``register_*`` hooks run once per process.
+* ``kernelcore.stat_logger_plugins``: a :class:`~kernelcore.metrics.StatLoggerBase`
+  subclass (not registered with pluggy).
+
+Every process kernelcore starts (front end, ``engine-core``, ``worker-N``)
+loads the plugins the same way, before its target runs.
+
+Ordering: pluggy calls implementations last-registered-first. The platform is
+registered before any general plugin, so for the non-firstresult config hooks
+it runs last and has the last word.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from kernelcore.attention.selector import AttentionSelector
+    from kernelcore.config import KernelConfig
+    from kernelcore.kernels import KernelTable
+    from kernelcore.models.registry import ModelRegistry
+
+hookspec = pluggy.HookspecMarker("kernelcore")
+hookimpl = pluggy.HookimplMarker("kernelcore")
+
+# -- platform detection ------------------------------------------------------
+
+
+@hookspec
+def detect_platform() -> str | None:
+    """Say whether this plugin's device is present.
+
+    Must be cheap: no device initialisation, no heavy imports. A detector
+    that raises is logged with its plugin's name and counts as inactive.
+
+    :returns: the dotted path ``"pkg.mod.Class"`` of a
+        :class:`~kernelcore.platforms.Platform` subclass, or ``None`` when the
+        device is absent.
+
+    Every detector is called (not first-result); the core applies the
+    detection rules (one out-of-tree platform beats the built-ins, two is an
+    error, ``KC_PLATFORM`` overrides).
+
+    Called in: every process, on first access to ``current_platform``.
+    """
+
+
+# -- configuration (platform hooks) -------------------------------------------
+
+
+@hookspec
+def pre_register_and_update(parser: Any | None) -> None:
+    """Extend a CLI command before its arguments are parsed.
+
+    Called once per CLI command with the :class:`click.Command` as ``parser``
+    (append :class:`click.Option` objects to ``parser.params``), and once more
+    with ``parser=None`` when the config is built. Must be idempotent.
+
+    :param parser: the click command about to parse its arguments, or None.
+
+    Called in: the front-end process.
+    """
+
+
+@hookspec
+def apply_config_platform_defaults(config: KernelConfig) -> None:
+    """Fill platform defaults into a freshly built config, in place.
+
+    Runs after the user's arguments are applied and before the custom-op
+    default and :func:`check_and_update_config`.
+
+    :param config: the config being built.
+
+    Called in: the front-end process (and any process that builds a config).
+    """
+
+
+@hookspec
+def check_and_update_config(config: KernelConfig) -> None:
+    """Validate and finish the config: the platform's last word.
+
+    A platform sets ``config.parallel.worker_cls`` (a dotted path) when it is
+    ``"auto"``, chooses the custom-op base mode (``config.custom_ops``) and
+    anything device specific. May raise to refuse a config.
+
+    :param config: the config being built.
+
+    Called in: the front-end process.
+    """
+
+
+@hookspec
+def validate_environ(config: KernelConfig) -> None:
+    """Check environment variables the platform depends on; raise if unusable.
+
+    :param config: the finished config.
+
+    Called in: the front-end process, after :func:`check_and_update_config`.
+    """
+
+
+@hookspec
+def update_block_size_for_backend(config: KernelConfig) -> None:
+    """Adjust ``config.cache.block_size`` to one the attention backend accepts.
+
+    Only change it when the user did not set one
+    (``config.cache.is_block_size_user_set`` is False).
+
+    :param config: the worker's copy of the config.
+
+    Called in: every worker, after the model is built.
+    """
+
+
+# -- component selection (platform hooks) --------------------------------------
+
+
+@hookspec(firstresult=True)
+def get_attn_backend_cls(selector: AttentionSelector) -> str | None:
+    """Name the attention backend class for a kind of attention layer.
+
+    Asked once per distinct selector per process (the answer is cached).
+
+    :param selector: head size, dtype, block size, kv-cache dtype, ...
+    :returns: a dotted path ``"pkg.mod.Backend"``, or None to pass.
+
+    Stops at first non-None result.
+
+    Called in: every worker, while the model is built.
+    """
+
+
+@hookspec(firstresult=True)
+def get_device_communicator_cls() -> str | None:
+    """Name the communicator class used by tensor-parallel layers.
+
+    :returns: a dotted path to a :class:`~kernelcore.distributed.Communicator`
+        subclass, or None to pass.
+
+    Stops at first non-None result.
+
+    Called in: every worker, when the tensor-parallel group is set up.
+    """
+
+
+# -- registration (general hooks) -------------------------------------------------
+
+
+@hookspec
+def register_ops() -> None:
+    """Import the modules that replace in-tree custom ops.
+
+    Typically imports a module whose classes use
+    ``@InTreeOp.register_oot``. Must be re-entrant.
+
+    Called in: every process, once, when the general plugins load.
+    """
+
+
+@hookspec
+def register_models(registry: ModelRegistry) -> None:
+    """Register model architectures.
+
+    Call ``registry.register_model(arch, cls_or_"module:Class")``. The string
+    form imports nothing until the architecture is asked for.
+
+    :param registry: the process's model registry.
+
+    Called in: every process, once, when the general plugins load.
+    """
+
+
+@hookspec
+def register_kernels(kernels: KernelTable) -> None:
+    """Contribute named kernel implementations to the kernel table.
+
+    Call ``kernels.register(name, fn)``.
+
+    :param kernels: the process's kernel table.
+
+    Called in: every process, once, when the general plugins load.
+    """
+
+
+@hookspec
+def register_triton_kernel_overrides(kernels: KernelTable) -> None:
+    """Replace core kernels before any worker or model code can launch them.
+
+    Call ``kernels.override(name, fn)``, e.g. a torch fallback where Triton
+    cannot run.
+
+    :param kernels: the process's kernel table.
+
+    Called in: every worker, right after the general plugins load and before
+    the worker class is resolved.
+    """

@@ -1,0 +1,158 @@
+"""The Platform base class and platform detection.
+
+``current_platform`` is resolved lazily on first attribute access (PEP 562),
+never at ``import kernelcore``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kernelcore import envs
+from kernelcore.hookspecs import hookimpl
+
+logger = logging.getLogger("kernelcore.platforms")
+
+
+class Platform:
+    """Base class of every platform. One instance per process, registered with pluggy.
+
+    Subclasses override the hook methods below (keeping the ``@hookimpl``
+    marker) to take part in the platform hooks of :mod:`kernelcore.hookspecs`.
+    """
+
+    device_name: str = "unspecified"
+    device_type: str = "cpu"  # a torch device type
+    dist_backend: str = "gloo"
+    plugin_name: str = "?"  # the entry point that detected it (set by the core)
+    is_builtin: bool = False  # set by the core from the entry point's distribution
+
+    def is_out_of_tree(self) -> bool:
+        return not self.is_builtin
+
+    def is_cpu(self) -> bool:
+        return self.device_type == "cpu" and not self.is_out_of_tree()
+
+    def is_cuda(self) -> bool:
+        return self.device_type == "cuda" and not self.is_out_of_tree()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device_name={self.device_name!r}, plugin={self.plugin_name!r})"
+
+    # Default hook implementations: do nothing / pass.
+    @hookimpl
+    def pre_register_and_update(self, parser):
+        return None
+
+    @hookimpl
+    def check_and_update_config(self, config):
+        return None
+
+    @hookimpl
+    def get_attn_backend_cls(self, selector):
+        return None
+
+    @hookimpl
+    def get_device_communicator_cls(self):
+        return None
+
+
+def resolve_obj_by_qualname(qualname: str) -> Any:
+    module_name, _, obj_name = qualname.rpartition(".")
+    if ":" in qualname:
+        module_name, _, obj_name = qualname.partition(":")
+    if not module_name:
+        raise ValueError(f"{qualname!r} is not a dotted path 'pkg.mod.Name'")
+    return getattr(importlib.import_module(module_name), obj_name)
+
+
+@dataclass
+class Detection:
+    name: str
+    dist: str
+    is_builtin: bool
+    qualname: str | None
+    error: str | None = None
+
+
+def detect_all() -> list[Detection]:
+    """Call every loaded platform detector once; a raising one counts as inactive."""
+    from kernelcore import plugins
+
+    detections = []
+    for record in plugins.load_platform_plugins():
+        if record.status != "loaded" or "detect_platform" not in record.hooks:
+            continue
+        try:
+            results = plugins.call_plugin_hook(record.name, "detect_platform")
+            qualname = results[0] if results else None
+            detections.append(Detection(record.name, record.dist, record.is_builtin, qualname))
+        except Exception as exc:
+            logger.warning("Platform plugin %s (%s) failed during detection: %s", record.name, record.dist, exc)
+            detections.append(Detection(record.name, record.dist, record.is_builtin, None, f"{type(exc).__name__}: {exc}"))
+    return detections
+
+
+def choose(detections: list[Detection]) -> tuple[Detection, str]:
+    """Apply the detection rules; returns the winner and why it won."""
+    forced = envs.KC_PLATFORM
+    if forced:
+        for d in detections:
+            if d.name == forced:
+                if d.qualname is None:
+                    raise RuntimeError(f"KC_PLATFORM={forced}, but that platform plugin is not active ({d.error or 'its device is absent'})")
+                return d, f"forced by KC_PLATFORM={forced}"
+        raise RuntimeError(f"KC_PLATFORM={forced} names no loaded platform plugin; loaded: {[d.name for d in detections]}")
+    active = [d for d in detections if d.qualname]
+    oot = [d for d in active if not d.is_builtin]
+    if len(oot) >= 2:
+        raise RuntimeError(f"Only one out-of-tree platform plugin can be active, but got: {[d.name for d in oot]} "
+                           "(uninstall one, block one with KC_BLOCK_PLUGINS, or pick one with KC_PLATFORM)")
+    if len(oot) == 1:
+        return oot[0], "the only active out-of-tree platform (wins over built-ins)"
+    if not active:
+        raise RuntimeError(f"No platform is active. Detectors tried: {[d.name for d in detections] or 'none'}; "
+                           "is kernelcore installed (its entry points register the built-in platforms)?")
+    # Several built-ins (e.g. cuda and cpu): the first non-cpu device wins.
+    active.sort(key=lambda d: d.name == "cpu")
+    return active[0], "built-in platform detected" + (f" (over {[d.name for d in active[1:]]})" if len(active) > 1 else "")
+
+
+def resolve_platform() -> Platform:
+    from kernelcore import plugins
+
+    started = time.perf_counter()
+    winner, why = choose(detect_all())
+    cls = resolve_obj_by_qualname(winner.qualname)
+    if not (isinstance(cls, type) and issubclass(cls, Platform)):
+        raise TypeError(f"platform plugin {winner.name!r} returned {winner.qualname!r}, which is not a Platform subclass")
+    platform = cls()
+    platform.plugin_name, platform.is_builtin = winner.name, winner.is_builtin
+    if platform.is_out_of_tree():
+        logger.info("Platform plugin %s is activated", winner.name)
+    else:
+        logger.debug("Automatically detected platform %s (%s)", winner.name, why)
+    plugins.get_plugin_manager().register(platform, name=f"{winner.name}:platform")
+    plugins.trace_event(envs.KC_TRACE_PLUGINS, hook="platform_resolved", plugins=[winner.name],
+                        result=winner.qualname, why=why, duration_ms=round((time.perf_counter() - started) * 1000, 3), ok=True)
+    return platform
+
+
+_current_platform: Platform | None = None
+
+
+def __getattr__(name: str) -> Any:
+    global _current_platform
+    if name == "current_platform":
+        if _current_platform is None:
+            _current_platform = resolve_platform()
+        return _current_platform
+    raise AttributeError(f"module 'kernelcore.platforms' has no attribute {name!r}")
+
+
+def is_resolved() -> bool:
+    return _current_platform is not None

@@ -1,0 +1,288 @@
+"""Discover, filter, load and trace plugins: the same way in every process."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from kernelcore import envs, hookspecs
+from kernelcore.hostproc.role import get_role
+
+logger = logging.getLogger("kernelcore.plugins")
+
+PLATFORM_GROUP = "kernelcore.platform_plugins"
+GENERAL_GROUP = "kernelcore.general_plugins"
+STAT_LOGGER_GROUP = "kernelcore.stat_logger_plugins"
+GROUPS = (PLATFORM_GROUP, GENERAL_GROUP, STAT_LOGGER_GROUP)
+BUILTIN_DIST = "kernelcore"
+# Hooks a general plugin runs once per process when it is loaded.
+STARTUP_HOOKS = ("register_ops", "register_models", "register_kernels")
+
+
+class PluginError(RuntimeError):
+    """A plugin failed; the message names the plugin, its distribution and the process."""
+
+
+@dataclass
+class PluginRecord:
+    group: str
+    name: str
+    value: str
+    dist: str
+    version: str
+    is_builtin: bool
+    status: str = "discovered"  # loaded | blocked | not-allowed | failed
+    error: str | None = None
+    hooks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _ProcessState:
+    pm: pluggy.PluginManager
+    records: dict[tuple[str, str], PluginRecord] = field(default_factory=dict)
+    general_loaded: bool = False
+    platform_loaded: bool = False
+
+
+_state: _ProcessState | None = None
+_state_pid: int | None = None
+loading_plugin: str | None = None  # the plugin whose start-up hooks are running (for ownership records)
+
+
+def _process_state() -> _ProcessState:
+    # Keyed on the pid: a forked child must load its plugins again.
+    global _state, _state_pid
+    if _state is None or _state_pid != os.getpid():
+        pm = pluggy.PluginManager("kernelcore")
+        pm.add_hookspecs(hookspecs)
+        if envs.KC_TRACE_PLUGINS:
+            _install_trace(pm, envs.KC_TRACE_PLUGINS)
+        _state, _state_pid = _ProcessState(pm=pm), os.getpid()
+    return _state
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    return _process_state().pm
+
+
+def reset_for_tests() -> None:
+    global _state
+    _state = None
+
+
+# -- tracing ---------------------------------------------------------------------
+
+
+def trace_event(path: str | None, **event: Any) -> None:
+    if not path:
+        return
+    event = {"time": time.time(), "pid": os.getpid(), "role": get_role(), **event}
+    line = json.dumps(event, default=repr) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())  # one write per line: O_APPEND keeps processes from interleaving
+    finally:
+        os.close(fd)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _install_trace(pm: pluggy.PluginManager, path: str) -> None:
+    starts: list[float] = []
+
+    def before(hook_name, hook_impls, kwargs):
+        starts.append(time.perf_counter())
+
+    def after(outcome, hook_name, hook_impls, kwargs):
+        duration_ms = (time.perf_counter() - starts.pop()) * 1000
+        error = outcome.exception
+        trace_event(
+            path,
+            hook=hook_name,
+            plugins=[impl.plugin_name for impl in hook_impls],
+            duration_ms=round(duration_ms, 3),
+            result=_short(error if error is not None else outcome.get_result()),
+            ok=error is None,
+        )
+
+    pm.add_hookcall_monitoring(before, after)
+
+
+# -- discovery and filtering -------------------------------------------------------
+
+
+def _record_for(group: str, ep: md.EntryPoint) -> PluginRecord:
+    dist = getattr(ep, "dist", None)
+    dist_name = dist.metadata["Name"] if dist is not None else "?"
+    return PluginRecord(
+        group=group,
+        name=ep.name,
+        value=ep.value,
+        dist=dist_name,
+        version=dist.version if dist is not None else "?",
+        is_builtin=(dist_name or "").lower() == BUILTIN_DIST,
+    )
+
+
+def discover(group: str) -> list[tuple[md.EntryPoint, PluginRecord]]:
+    found = [(ep, _record_for(group, ep)) for ep in md.entry_points(group=group)]
+    # Built-ins first, then third-party, each by name: discovery order is not a contract.
+    return sorted(found, key=lambda pair: (not pair[1].is_builtin, pair[1].name))
+
+
+def allowed_status(record: PluginRecord) -> str | None:
+    """None when the plugin may load, else the status explaining why not."""
+    if record.name in envs.KC_BLOCK_PLUGINS:
+        return "blocked"
+    allow = envs.KC_PLUGINS
+    if not record.is_builtin and allow is not None and record.name not in allow:
+        return "not-allowed"
+    return None
+
+
+def warn_unknown_allowed_names() -> None:
+    allow = envs.KC_PLUGINS
+    if not allow:
+        return
+    known = {ep.name for group in GROUPS for ep in md.entry_points(group=group)}
+    for name in allow:
+        if name not in known:
+            logger.warning("KC_PLUGINS names %r, but no installed plugin has that name", name)
+
+
+def _load_group(group: str, is_fatal: bool = True) -> list[tuple[PluginRecord, Any]]:
+    """Import every allowed entry point of a group.
+
+    An import failure is fatal for general plugins; for platform plugins it only
+    makes that platform inactive (logged with its name).
+    """
+    state = _process_state()
+    loaded = []
+    for ep, record in discover(group):
+        state.records[(group, record.name)] = record
+        status = allowed_status(record)
+        if status is not None:
+            record.status = status
+            if status == "blocked":
+                state.pm.set_blocked(record.name)  # before loading, as pluggy requires
+            continue
+        try:
+            obj = ep.load()
+        except Exception as exc:
+            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+            if not is_fatal:
+                logger.warning("Plugin %s (%s) failed to import: %s", record.name, record.dist, record.error)
+                continue
+            raise PluginError(
+                f"plugin {record.name!r} (distribution {record.dist}) failed to import "
+                f"in process {get_role()} (pid {os.getpid()}): {record.error}"
+            ) from exc
+        record.status = "loaded"
+        loaded.append((record, obj))
+    return loaded
+
+
+def _register(record: PluginRecord, obj: Any) -> None:
+    pm = _process_state().pm
+    if pm.has_plugin(record.name) or pm.is_registered(obj):
+        return
+    try:
+        pm.register(obj, name=record.name)
+    except Exception as exc:
+        record.status, record.error = "failed", str(exc)
+        raise PluginError(f"plugin {record.name!r} (distribution {record.dist}) cannot register: {exc}") from exc
+    record.hooks = sorted(caller.name for caller in pm.get_hookcallers(obj) or [])
+
+
+def call_plugin_hook(plugin_name: str, hook_name: str, **kwargs: Any) -> Any:
+    """Call one plugin's implementation of a hook (traced like any hook call)."""
+    pm = _process_state().pm
+    others = [p for name, p in pm.list_name_plugin() if name != plugin_name and p is not None]
+    return pm.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
+
+
+# -- the two loaders -------------------------------------------------------------------
+
+
+def load_platform_plugins() -> list[PluginRecord]:
+    """Import and register every allowed platform plugin (detectors are not called here)."""
+    state = _process_state()
+    if not state.platform_loaded:
+        state.platform_loaded = True
+        for record, obj in _load_group(PLATFORM_GROUP, is_fatal=False):
+            _register(record, obj)
+    return [r for (g, _), r in state.records.items() if g == PLATFORM_GROUP]
+
+
+def load_general_plugins() -> None:
+    """Load the general plugins once per process, after the platform is fixed.
+
+    A plugin that raises stops start-up with a :class:`PluginError` naming it;
+    the once-flag is set only when every plugin succeeded.
+    """
+    global loading_plugin
+    state = _process_state()
+    if state.general_loaded:
+        return
+    from kernelcore.platforms import current_platform  # the platform is fixed first
+
+    del current_platform
+    warn_unknown_allowed_names()
+    loaded = _load_group(GENERAL_GROUP)
+    for record, obj in loaded:
+        _register(record, obj)
+    state.pm.check_pending()
+    for record, _ in loaded:
+        for hook_name in STARTUP_HOOKS:
+            if hook_name not in record.hooks:
+                continue
+            loading_plugin = record.name
+            try:
+                call_plugin_hook(record.name, hook_name, **_startup_kwargs(hook_name))
+            except Exception as exc:
+                record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+                raise PluginError(
+                    f"general plugin {record.name!r} (distribution {record.dist}) raised in "
+                    f"{hook_name} in process {get_role()} (pid {os.getpid()}): {record.error}"
+                ) from exc
+            finally:
+                loading_plugin = None
+    state.general_loaded = True
+
+
+def _startup_kwargs(hook_name: str) -> dict[str, Any]:
+    if hook_name == "register_models":
+        from kernelcore.models.registry import model_registry
+
+        return {"registry": model_registry}
+    if hook_name == "register_kernels":
+        from kernelcore.kernels import kernel_table
+
+        return {"kernels": kernel_table}
+    return {}
+
+
+def load_stat_logger_classes() -> list[tuple[str, type]]:
+    """The classes named in the stat-logger group (validated by the metrics module)."""
+    return [(record.name, obj) for record, obj in _load_group(STAT_LOGGER_GROUP)]
+
+
+def records() -> list[PluginRecord]:
+    return list(_process_state().records.values())
+
+
+def plugin_dist(name: str) -> str:
+    for (group, plugin), record in _process_state().records.items():
+        if plugin == name:
+            return record.dist
+    return "?"
