@@ -1,0 +1,105 @@
+"""Build a KernelConfig from user arguments, calling the platform hooks in order.
+
+Order (the seed's stops 5-7): general plugins loaded, ``pre_register_and_update()``,
+HF config + ``hf_overrides`` -> architecture resolved in the registry,
+``apply_config_platform_defaults``, ``check_and_update_config`` (platform last),
+custom-op list validated, ``validate_environ``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from typing import Any
+
+from kernelcore.config import (CacheConfig, KernelConfig, LoraConfig, ModelConfig, ParallelConfig,
+                               SchedulerConfig, validate_custom_ops)
+
+logger = logging.getLogger("kernelcore.config")
+
+
+@functools.lru_cache(maxsize=8)
+def _load_hf_config_cached(model_path: str, overrides_json: str):
+    from transformers import AutoConfig
+
+    if not os.path.isdir(model_path):
+        raise FileNotFoundError(f"model directory {model_path!r} does not exist (kernelcore loads local HF checkpoints only)")
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise FileNotFoundError(f"{model_path!r} has no config.json: not a Hugging Face checkpoint directory")
+    hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+    for key, value in json.loads(overrides_json).items():
+        setattr(hf_config, key, value)
+    return hf_config
+
+
+def load_hf_config(model: ModelConfig):
+    """The model's transformers config with ``hf_overrides`` applied (cached per process)."""
+    return _load_hf_config_cached(model.model, json.dumps(model.hf_overrides, sort_keys=True))
+
+
+def _split(kwargs: dict[str, Any], cls: type) -> dict[str, Any]:
+    names = set(cls.__dataclass_fields__)
+    return {k: kwargs.pop(k) for k in list(kwargs) if k in names and kwargs[k] is not None}
+
+
+def build_config(**kwargs: Any) -> KernelConfig:
+    """Build the config from keyword arguments named like the dataclass fields.
+
+    Unknown keywords raise TypeError. ``model=None`` means the embedded default model.
+    """
+    from kernelcore import plugins
+    from kernelcore.models.registry import model_registry
+    from kernelcore.platforms import current_platform
+
+    plugins.load_general_plugins()
+    pm = plugins.get_plugin_manager()
+    pm.hook.pre_register_and_update(parser=None)
+
+    kwargs = dict(kwargs)
+    if isinstance(kwargs.get("hf_overrides"), str):
+        kwargs["hf_overrides"] = json.loads(kwargs["hf_overrides"])
+    custom_ops = list(kwargs.pop("custom_ops", None) or [])
+    if kwargs.get("block_size") is not None:
+        kwargs["is_block_size_user_set"] = True
+    model = ModelConfig(**_split(kwargs, ModelConfig))
+    cache = CacheConfig(**_split(kwargs, CacheConfig))
+    parallel = ParallelConfig(**_split(kwargs, ParallelConfig))
+    scheduler = SchedulerConfig(**_split(kwargs, SchedulerConfig))
+    lora = LoraConfig(**_split(kwargs, LoraConfig))
+    unknown = [k for k, v in kwargs.items() if v is not None]
+    if unknown:
+        raise TypeError(f"unknown config arguments: {unknown}")
+
+    if model.model is None:
+        from kernelcore.models.default_model import ensure_default_model
+
+        model.model = ensure_default_model()
+    model.model = os.path.abspath(os.path.expanduser(model.model))
+    hf_config = load_hf_config(model)
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    model.architecture, _ = model_registry.resolve(architectures)
+    logger.info("Resolved architecture: %s", model.architecture)
+    native_len = getattr(hf_config, "max_position_embeddings", None) or 2048
+    if model.max_model_len is None:
+        model.max_model_len = native_len
+    if model.served_model_name is None:
+        model.served_model_name = os.path.basename(model.model.rstrip("/")) or model.model
+
+    config = KernelConfig(model=model, cache=cache, parallel=parallel, scheduler=scheduler, lora=lora,
+                          custom_ops=custom_ops, device_type=current_platform.device_type,
+                          platform_plugin=current_platform.plugin_name)
+    pm.hook.apply_config_platform_defaults(config=config)
+    pm.hook.check_and_update_config(config=config)
+    if not any(mode in config.custom_ops for mode in ("all", "none")):
+        config.custom_ops.append("all")
+    validate_custom_ops(config.custom_ops)
+    pm.hook.validate_environ(config=config)
+    if config.parallel.worker_cls == "auto":
+        raise RuntimeError(
+            f"platform {current_platform.plugin_name!r} ({type(current_platform).__name__}) left worker_cls='auto': "
+            "its check_and_update_config hook must set config.parallel.worker_cls to a dotted path")
+    if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:
+        config.scheduler.max_num_batched_tokens = config.scheduler.max_num_seqs
+    return config
