@@ -1,0 +1,61 @@
+"""The `kc` command line (click)."""
+
+from __future__ import annotations
+
+import click
+
+from kernelcore import __version__
+from kernelcore.entrypoints.plugins_cmd import plugins_cmd
+
+
+class KcGroup(click.Group):
+    """Lets the platform extend engine commands before they parse (the seed's stop 5).
+
+    Commands that take engine arguments carry ``kc_engine_args = True``; for each
+    one the ``pre_register_and_update(parser=command)`` hook runs once, after the
+    platform is resolved and the general plugins are loaded.
+    """
+
+    def get_command(self, ctx: click.Context, name: str):
+        command = super().get_command(ctx, name)
+        if command is not None and getattr(command, "kc_engine_args", False) and not getattr(command, "_kc_extended", False):
+            from kernelcore import plugins
+
+            plugins.load_general_plugins()
+            plugins.get_plugin_manager().hook.pre_register_and_update(parser=command)
+            command._kc_extended = True
+        return command
+
+
+@click.group(cls=KcGroup)
+@click.version_option(__version__, prog_name="kernelcore")
+def cli() -> None:
+    """kernelcore: a plugin-first LLM inference server."""
+    from kernelcore.logging_setup import configure_logging
+
+    configure_logging()
+
+
+cli.add_command(plugins_cmd)
+
+
+def _mount_optional() -> None:
+    # Subcommands live beside their subsystems; mount those present in this build.
+    import importlib
+
+    for module_name, attr in (("kernelcore.entrypoints.serve", "serve_cmd"), ("kernelcore.entrypoints.client_cmds", "chat_cmd"),
+                              ("kernelcore.entrypoints.client_cmds", "complete_cmd"), ("kernelcore.entrypoints.bench", "bench_cmd")):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        cli.add_command(getattr(module, attr))
+
+
+_mount_optional()
+
+
+def main() -> None:
+    cli(prog_name="kc")

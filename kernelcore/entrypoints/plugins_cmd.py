@@ -1,0 +1,100 @@
+"""`kc plugins`: what is installed, what loaded, who owns what, which platform wins and why."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from typing import Any
+
+import click
+
+
+def collect() -> dict[str, Any]:
+    from kernelcore import platforms, plugins
+    from kernelcore.models.registry import model_registry
+
+    report: dict[str, Any] = {"platform": None, "errors": []}
+    detections = []
+    try:
+        detections = platforms.detect_all()
+        winner, why = platforms.choose(detections)
+        report["platform"] = {"name": winner.name, "class": winner.qualname, "why": why}
+    except Exception as exc:
+        report["errors"].append(f"platform: {exc}")
+    report["detections"] = [dataclasses.asdict(d) for d in detections]
+    if report["platform"] is not None:
+        try:
+            plugins.load_general_plugins()
+        except Exception as exc:
+            report["errors"].append(str(exc))
+    try:
+        plugins.load_stat_logger_classes()
+    except Exception as exc:
+        report["errors"].append(str(exc))
+    report["plugins"] = [dataclasses.asdict(r) for r in plugins.records()]
+    report["models"] = model_registry.owners()
+    return report
+
+
+@click.group("plugins", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def plugins_cmd(ctx: click.Context, as_json: bool) -> None:
+    """List every discovered plugin, its status and hooks, and the winning platform."""
+    if ctx.invoked_subcommand is not None:
+        return
+    report = collect()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    by_group: dict[str, list[dict]] = defaultdict(list)
+    for record in report["plugins"]:
+        by_group[record["group"]].append(record)
+    for group, records in by_group.items():
+        click.echo(f"[{group}]")
+        for r in records:
+            origin = "built-in" if r["is_builtin"] else "third-party"
+            click.echo(f"  {r['name']:<24} {r['status']:<11} {r['dist']} {r['version']} ({origin}) -> {r['value']}")
+            if r["hooks"]:
+                click.echo(f"  {'':<24} hooks: {', '.join(r['hooks'])}")
+            if r["error"]:
+                click.echo(f"  {'':<24} error: {r['error']}")
+    click.echo("[platform detection]")
+    for d in report["detections"]:
+        state = d["qualname"] or (f"error: {d['error']}" if d["error"] else "inactive")
+        click.echo(f"  {d['name']:<24} {state}")
+    if report["platform"]:
+        p = report["platform"]
+        click.echo(f"  => {p['name']} ({p['class']}): {p['why']}")
+    if report["models"]:
+        click.echo("[models]")
+        for arch, owner in report["models"].items():
+            click.echo(f"  {arch:<32} plugin {owner}")
+    for error in report["errors"]:
+        click.echo(f"error: {error}", err=True)
+
+
+@plugins_cmd.command("tour")
+@click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
+def tour_cmd(trace_file: str) -> None:
+    """Render a KC_TRACE_PLUGINS file as a per-process timeline."""
+    click.echo(render_tour(trace_file))
+
+
+def render_tour(trace_file: str) -> str:
+    events = [json.loads(line) for line in open(trace_file) if line.strip()]
+    if not events:
+        return "(empty trace)"
+    t0 = min(e["time"] for e in events)
+    by_process: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    for event in events:
+        by_process[(event["pid"], event["role"])].append(event)
+    lines = []
+    for number, ((pid, role), proc_events) in enumerate(sorted(by_process.items(), key=lambda kv: kv[1][0]["time"]), 1):
+        lines.append(f"{number}. {role} (pid {pid})")
+        for e in sorted(proc_events, key=lambda e: e["time"]):
+            who = ",".join(e.get("plugins", [])) or "-"
+            mark = "" if e.get("ok", True) else "  FAILED"
+            lines.append(f"   +{e['time'] - t0:8.3f}s  {e['hook']:<34} {who:<28} {e.get('duration_ms', 0):8.2f} ms  -> {e.get('result', '')}{mark}")
+    return "\n".join(lines)
