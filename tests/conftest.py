@@ -1,0 +1,21 @@
+import importlib.metadata as md
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+REQUIRED_DUMMIES = ("kc-dummy-platform", "kc-dummy-ops", "kc-dummy-stat-logger")  # TODO kc-dummy-model
+
+
+def pytest_configure(config):
+    missing = []
+    for dist in REQUIRED_DUMMIES:
+        try:
+            md.distribution(dist)
+        except md.PackageNotFoundError:
+            missing.append(dist)
+    if missing:
+        raise pytest.UsageError(f"dummy plugin packages not installed: {missing}; run the README's test command "
+                                "(it pip-installs tests/plugins/*)")
