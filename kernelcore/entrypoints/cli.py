@@ -59,3 +59,7 @@ _mount_optional()
 
 def main() -> None:
     cli(prog_name="kc")
+
+
+if __name__ == "__main__":
+    main()
