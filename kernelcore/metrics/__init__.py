@@ -6,7 +6,10 @@ from typing import Any
 
 
 class StatLoggerBase:
-    """Receives engine statistics once per engine step, in the engine-core process.
+    """Receives engine statistics once per engine step.
+
+    The engine core computes the statistics each step and sends them with its
+    outputs; the loggers run in the front end, beside the API server.
 
     Subclass it and publish the class in the ``kernelcore.stat_logger_plugins``
     entry-point group. Constructed as ``cls(config)``.
@@ -17,6 +20,10 @@ class StatLoggerBase:
 
     def record(self, stats: Any) -> None:
         """Called after every engine step with a :class:`kernelcore.metrics.stats.EngineStats`."""
+
+    def record_finished(self, request: Any) -> None:
+        """Called in the front end when a request finishes, with a
+        :class:`kernelcore.metrics.request_stats.FinishedRequestStats`."""
 
     def log(self) -> None:
         """Called periodically (about every few seconds) to flush or print."""
