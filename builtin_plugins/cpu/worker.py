@@ -1,0 +1,16 @@
+"""The CPU platform's worker."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernelcore.executor.worker import WorkerBase
+
+
+class CpuWorker(WorkerBase):
+    def init_device(self) -> None:
+        super().init_device()
+        num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, num_cores // self.config.parallel.tensor_parallel_size))

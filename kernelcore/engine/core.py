@@ -1,0 +1,77 @@
+"""EngineCore: the scheduler and the executor behind a message-level interface
+(add_request / abort_requests / step -> EngineCoreOutputs), so it can run in its own process unchanged."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from kernelcore.config import KernelConfig
+from kernelcore.engine.outputs import EngineCoreOutputs
+from kernelcore.engine.request import EngineCoreRequest
+from kernelcore.engine.scheduler import RequestRejected, Scheduler
+from kernelcore.metrics.stats import EngineStats
+
+logger = logging.getLogger("kernelcore.engine")
+
+
+def get_executor_cls(config: KernelConfig) -> type:
+    if config.parallel.tensor_parallel_size > 1:
+        from kernelcore.platforms import resolve_obj_by_qualname
+
+        return resolve_obj_by_qualname("kernelcore.executor.multiproc.MultiprocExecutor")
+    from kernelcore.executor.uniproc import UniProcExecutor
+
+    return UniProcExecutor
+
+
+class EngineCore:
+    def __init__(self, config: KernelConfig, executor_cls: type | None = None) -> None:
+        self.config = config
+        self.executor = (executor_cls or get_executor_cls(config))(config)
+        self.num_blocks = self.executor.determine_num_blocks()
+        self.executor.initialize_cache(self.num_blocks)
+        self.block_size = self.executor.block_size
+        self.vocab_size = self.executor.vocab_size
+        self.scheduler = Scheduler(config, self.num_blocks, self.block_size)
+        self.last_stats = EngineStats()
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens)", self.num_blocks, self.block_size,
+                    self.num_blocks * self.block_size)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request; raises RequestRejected (a ValueError) when it can never be served."""
+        if request.prompt_token_ids and not 0 <= min(request.prompt_token_ids) <= max(request.prompt_token_ids) < self.vocab_size:
+            bad = next(t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size)
+            raise RequestRejected(f"Token id {bad} is out of vocabulary (vocab size {self.vocab_size})")
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Finish these requests now and free their KV blocks (unknown ids are ignored)."""
+        self.scheduler.abort_requests(request_ids)
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule, run one forward pass, sample, and return the new tokens of every scheduled request."""
+        started = time.perf_counter()
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs([], self.get_stats(), time.time())
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        stats = self.scheduler.make_stats()
+        stats.timestamp, stats.step_time = time.time(), time.perf_counter() - started
+        self.last_stats = stats
+        return EngineCoreOutputs(outputs, stats, stats.timestamp)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> EngineStats:
+        kv = self.scheduler.kv
+        return EngineStats(timestamp=time.time(), num_running=len(self.scheduler.running),
+                           num_waiting=len(self.scheduler.waiting), kv_cache_usage=kv.usage)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

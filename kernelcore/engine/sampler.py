@@ -1,0 +1,158 @@
+"""The sampler, vectorised over the batch: penalties, min_tokens, temperature, top-k/top-p/min-p, per-request
+seeds (a torch.Generator per seeded request, so its draws do not depend on the rest of the batch), logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kernelcore.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor  # [B], 1.0 for greedy rows
+    is_greedy: torch.Tensor  # [B] bool
+    is_all_greedy: bool
+    is_all_random: bool
+    top_k: torch.Tensor | None  # [B] long, vocab size = off
+    top_p: torch.Tensor | None
+    min_p: torch.Tensor | None
+    generators: dict[int, torch.Generator]  # row -> generator of a seeded request
+    max_num_logprobs: int | None
+    presence_penalty: torch.Tensor | None = None
+    frequency_penalty: torch.Tensor | None = None
+    repetition_penalty: torch.Tensor | None = None
+    prompt_token_ids: list[list[int]] = field(default_factory=list)  # filled only when penalties are on
+    output_token_ids: list[list[int]] = field(default_factory=list)
+    min_tokens_masks: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, token ids to forbid)
+    has_min_tokens: bool = False
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty is not None
+
+
+def build_metadata(params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int) -> SamplingMetadata:
+    """The per-batch tensors; the caller reuses them while the batch composition is unchanged."""
+    temps = [1.0 if p.is_greedy else p.temperature for p in params]
+    greedy = [p.is_greedy for p in params]
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = [p.min_p for p in params]
+    k_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+    has_penalties = any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params)
+    return SamplingMetadata(
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        is_greedy=torch.tensor(greedy, dtype=torch.bool),
+        is_all_greedy=all(greedy),
+        is_all_random=not any(greedy),
+        top_k=torch.tensor(top_k) if any(k < vocab_size for k in top_k) else None,
+        top_p=torch.tensor(top_p, dtype=torch.float32) if any(p < 1.0 for p in top_p) else None,
+        min_p=torch.tensor(min_p, dtype=torch.float32) if any(p > 0.0 for p in min_p) else None,
+        generators={i: g for i, g in enumerate(generators) if g is not None},
+        max_num_logprobs=max(k_logprobs) if k_logprobs else None,
+        presence_penalty=torch.tensor([p.presence_penalty for p in params]) if has_penalties else None,
+        frequency_penalty=torch.tensor([p.frequency_penalty for p in params]) if has_penalties else None,
+        repetition_penalty=torch.tensor([p.repetition_penalty for p in params]) if has_penalties else None,
+        has_min_tokens=any(p.min_tokens for p in params),
+    )
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B] long
+    logprob_token_ids: torch.Tensor | None = None  # [B, 1 + k]: sampled token, then top-k
+    logprobs: torch.Tensor | None = None  # [B, 1 + k]
+    ranks: torch.Tensor | None = None  # [B]
+
+
+def _token_counts(token_ids: list[list[int]], vocab_size: int) -> torch.Tensor:
+    max_len = max((len(t) for t in token_ids), default=0)
+    padded = torch.full((len(token_ids), max_len), vocab_size, dtype=torch.long)
+    for i, ids in enumerate(token_ids):
+        padded[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    counts = torch.zeros(len(token_ids), vocab_size + 1, dtype=torch.float32)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    vocab_size = logits.shape[1]
+    output_counts = _token_counts(md.output_token_ids, vocab_size)
+    prompt_mask = _token_counts(md.prompt_token_ids, vocab_size) > 0
+    seen = prompt_mask | (output_counts > 0)
+    rep = md.repetition_penalty.unsqueeze(1).expand_as(logits)
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    logits = logits - md.frequency_penalty.unsqueeze(1) * output_counts
+    return logits - md.presence_penalty.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (logits.shape[1] - top_k).clamp(min=0).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        cum_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        mask = cum_probs <= (1.0 - top_p).unsqueeze(1)
+        mask[:, -1] = False  # always keep the most likely token
+        sorted_logits.masked_fill_(mask, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Exponential-race sampling (argmax of p / Exp(1)); seeded rows draw from their own generator."""
+    q = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        q.exponential_()
+    for row, generator in generators.items():
+        q[row].exponential_(generator=generator)
+    return probs.div_(q).argmax(dim=-1)
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        raw_logits = logits
+        logits = logits.float()
+        if md.has_penalties:
+            logits = apply_penalties(logits, md)
+        if md.min_tokens_masks:
+            rows = [r for r, ids in md.min_tokens_masks for _ in ids]
+            cols = [t for _, ids in md.min_tokens_masks for t in ids]
+            logits = logits.index_put((torch.tensor(rows), torch.tensor(cols)), torch.tensor(float("-inf")))
+        if md.is_all_greedy:
+            sampled = logits.argmax(dim=-1)
+        else:
+            greedy = None if md.is_all_random else logits.argmax(dim=-1)
+            logits = logits / md.temperature.unsqueeze(1)
+            if md.top_k is not None or md.top_p is not None:
+                logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+            if md.min_p is not None:
+                logits = apply_min_p(logits, md.min_p)
+            sampled = random_sample(logits.softmax(dim=-1), md.generators)
+            if greedy is not None:
+                sampled = torch.where(md.is_greedy, greedy, sampled)
+        output = SamplerOutput(sampled)
+        if md.max_num_logprobs is not None:
+            output.logprob_token_ids, output.logprobs, output.ranks = compute_logprobs(
+                raw_logits, sampled, md.max_num_logprobs)
+        return output
+
+
+def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_logprobs: int):
+    """Logprobs of the model's raw distribution: the given token's, its rank, and the top ``num_logprobs``."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    token_logprobs = logprobs.gather(1, token_ids.unsqueeze(1))
+    ranks = (logprobs > token_logprobs).sum(dim=-1) + 1
+    top_logprobs, top_ids = logprobs.topk(num_logprobs, dim=-1)
+    ids = torch.cat([token_ids.unsqueeze(1), top_ids], dim=1)
+    return ids, torch.cat([token_logprobs, top_logprobs], dim=1), ranks

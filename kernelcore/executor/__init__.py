@@ -1,0 +1,1 @@
+"""Executors and workers: run the model for the engine core."""

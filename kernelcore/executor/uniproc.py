@@ -1,0 +1,54 @@
+"""The in-process executor: one worker (rank 0) in this process."""
+
+from __future__ import annotations
+
+import logging
+
+from kernelcore.config import KernelConfig
+from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger("kernelcore.executor")
+
+
+def create_worker(config: KernelConfig, rank: int = 0, distributed_init_method: str | None = None):
+    """The start-up sequence of every worker: kernel overrides, worker class, device, model, block size, env freeze."""
+    from kernelcore import envs, plugins
+    from kernelcore.kernels import kernel_table
+    from kernelcore.platforms import resolve_obj_by_qualname
+
+    plugins.load_general_plugins()
+    pm = plugins.get_plugin_manager()
+    pm.hook.register_triton_kernel_overrides(kernels=kernel_table)
+    worker_cls = resolve_obj_by_qualname(config.parallel.worker_cls)
+    worker = worker_cls(config, rank=rank, distributed_init_method=distributed_init_method)
+    worker.init_device()
+    worker.load_model()
+    pm.hook.update_block_size_for_backend(config=config)
+    envs.freeze()
+    return worker
+
+
+class UniProcExecutor:
+    def __init__(self, config: KernelConfig) -> None:
+        self.config = config
+        self.worker = create_worker(config)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.cache.block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.worker.vocab_size
+
+    def determine_num_blocks(self) -> int:
+        return self.worker.determine_num_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.worker.initialize_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(scheduler_output)
+
+    def shutdown(self) -> None:
+        self.worker = None

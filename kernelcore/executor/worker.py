@@ -1,0 +1,176 @@
+"""WorkerBase: one per rank. Keeps each request's token and sampling state, turns a SchedulerOutput into
+model-runner entries, runs one forward per step and (on rank 0) samples."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kernelcore.config import KernelConfig
+from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from kernelcore.engine.sampler import Sampler, build_metadata, compute_logprobs
+from kernelcore.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("kernelcore.worker")
+
+
+@functools.cache
+def _entry_cls() -> type:
+    try:
+        from kernelcore.executor.model_runner import SeqBatchEntry
+    except ImportError:  # a runner-less worker (tests with a fake runner)
+        @dataclass
+        class SeqBatchEntry:
+            token_ids: list[int]
+            num_computed_tokens: int
+            block_table: list[int]
+            num_logits: int = 1
+            lora_id: int = 0
+    return SeqBatchEntry
+
+
+class CachedRequestState:
+    __slots__ = ("req_id", "token_ids", "num_prompt_tokens", "params", "block_ids", "num_computed_tokens",
+                 "lora_id", "generator", "num_prompt_logprobs_done", "min_tokens_ids")
+
+    def __init__(self, req_id: str, token_ids: list[int], params: SamplingParams, block_ids: list[int],
+                 num_computed_tokens: int, lora_id: int, eos_token_id: int | None = None) -> None:
+        self.req_id, self.token_ids, self.params = req_id, token_ids, params
+        self.num_prompt_tokens = len(token_ids)
+        self.block_ids, self.num_computed_tokens, self.lora_id = block_ids, num_computed_tokens, lora_id
+        self.generator = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+        eos = [eos_token_id] if eos_token_id is not None and not params.ignore_eos else []
+        self.min_tokens_ids = list(params.stop_token_ids or ()) + eos  # forbidden until min_tokens are out
+        self.num_prompt_logprobs_done = 1 if params.prompt_logprobs is not None else self.num_prompt_tokens
+
+
+class WorkerBase:
+    def __init__(self, config: KernelConfig, rank: int = 0, distributed_init_method: str | None = None) -> None:
+        self.config = config
+        self.rank = rank
+        self.distributed_init_method = distributed_init_method
+        self.is_driver = rank == 0
+        self.requests: dict[str, CachedRequestState] = {}
+        self.sampler = Sampler()
+        self.model_runner = None
+        self._metadata_key = None
+        self._metadata = None
+
+    def init_device(self) -> None:
+        torch.manual_seed(self.config.model.seed)
+
+    def load_model(self) -> None:
+        from kernelcore.executor.model_runner import ModelRunner
+
+        self.model_runner = ModelRunner(self.config)
+        self.model_runner.load_model()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_runner.vocab_size
+
+    def determine_num_blocks(self) -> int:
+        """As many blocks as ``cache.kv_cache_memory`` holds, capped at what max_num_seqs full-length sequences need."""
+        cache = self.config.cache
+        num_blocks = cache.kv_cache_memory // self.model_runner.kv_cache_bytes_per_block()
+        max_blocks_per_seq = -(-self.config.model.max_model_len // cache.block_size)
+        num_blocks = min(num_blocks, self.config.scheduler.max_num_seqs * max_blocks_per_seq)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory={cache.kv_cache_memory} bytes holds no KV block "
+                             f"({self.model_runner.kv_cache_bytes_per_block()} bytes each); raise kv_cache_memory")
+        return int(num_blocks)
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.config.cache.num_blocks = num_blocks
+        self.model_runner.allocate_kv_cache(num_blocks)
+
+    # -- one step ------------------------------------------------------------------------------------------
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+        for new in so.new_reqs:
+            self.requests[new.req_id] = CachedRequestState(new.req_id, list(new.prompt_token_ids), new.sampling_params,
+                                                           list(new.block_ids), new.num_computed_tokens, new.lora_id,
+                                                           new.eos_token_id)
+        for cached in so.cached_reqs:
+            state = self.requests[cached.req_id]
+            state.token_ids.extend(cached.new_token_ids)
+            if cached.is_resumed:
+                state.block_ids = list(cached.new_block_ids)
+            else:
+                state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        SeqBatchEntry = _entry_cls()
+        self._update_states(so)
+        if not so.num_scheduled_tokens:
+            return ModelRunnerOutput([], [])
+        entries, sample_states, sample_rows, prompt_lp = [], [], [], []
+        num_rows = 0
+        for req_id, num_tokens in so.num_scheduled_tokens.items():
+            state = self.requests[req_id]
+            start, end = state.num_computed_tokens, state.num_computed_tokens + num_tokens
+            is_final = end >= len(state.token_ids)
+            needs_prompt_lp = state.num_prompt_logprobs_done < state.num_prompt_tokens
+            num_logits = num_tokens if needs_prompt_lp else int(is_final)
+            entries.append(SeqBatchEntry(state.token_ids[start:end], start, state.block_ids, num_logits, state.lora_id))
+            if needs_prompt_lp:
+                prompt_lp.append((state, num_rows, start, end))
+            num_rows += num_logits
+            if is_final:
+                sample_states.append(state)
+                sample_rows.append(num_rows - 1)
+            state.num_computed_tokens = end
+        logits = self.model_runner.execute(entries)
+        if not self.is_driver:
+            return None
+        output = ModelRunnerOutput([s.req_id for s in sample_states], [])
+        for state, row, start, end in prompt_lp:
+            output.prompt_logprobs[state.req_id] = self._prompt_logprobs(state, logits[row:row + end - start], start, end)
+        if sample_states:
+            self._sample(logits[sample_rows] if num_rows != len(sample_rows) else logits, sample_states, output)
+        return output
+
+    def _sampling_metadata(self, states: list[CachedRequestState]):
+        key = tuple(s.req_id for s in states)
+        if key != self._metadata_key:
+            self._metadata_key = key
+            self._metadata = build_metadata([s.params for s in states], [s.generator for s in states], self.vocab_size)
+        md = self._metadata
+        if md.has_min_tokens:
+            md.min_tokens_masks = [(row, s.min_tokens_ids) for row, s in enumerate(states)
+                                   if s.min_tokens_ids and len(s.token_ids) - s.num_prompt_tokens < s.params.min_tokens]
+        if md.has_penalties:
+            md.prompt_token_ids = [s.token_ids[:s.num_prompt_tokens] for s in states]
+            md.output_token_ids = [s.token_ids[s.num_prompt_tokens:] for s in states]
+        return md
+
+    def _sample(self, logits: torch.Tensor, states: list[CachedRequestState], output: ModelRunnerOutput) -> None:
+        md = self._sampling_metadata(states)
+        result = self.sampler(logits, md)
+        output.sampled_token_ids = result.sampled_token_ids.tolist()
+        if result.logprobs is not None:
+            ids, lps, ranks = result.logprob_token_ids.tolist(), result.logprobs.tolist(), result.ranks.tolist()
+            for row, s in enumerate(states):
+                if s.params.logprobs is not None:
+                    k = 1 + s.params.logprobs
+                    output.logprobs[s.req_id] = TokenLogprobs(ids[row][:k], lps[row][:k], ranks[row])
+
+    def _prompt_logprobs(self, state: CachedRequestState, logits: torch.Tensor, start: int, end: int) -> list[TokenLogprobs]:
+        # Logits at position p predict token p + 1; only prompt tokens not reported yet are returned.
+        first = max(state.num_prompt_logprobs_done, start + 1)
+        last = min(end + 1, state.num_prompt_tokens)
+        if first >= last:
+            return []
+        targets = torch.tensor(state.token_ids[first:last])
+        rows = logits[first - 1 - start:last - 1 - start]
+        ids, lps, ranks = compute_logprobs(rows, targets, state.params.prompt_logprobs)
+        state.num_prompt_logprobs_done = last
+        return [TokenLogprobs(i, lp, r) for i, lp, r in zip(ids.tolist(), lps.tolist(), ranks.tolist())]

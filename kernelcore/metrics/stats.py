@@ -1,0 +1,20 @@
+"""Per-step engine statistics, fed to the stat loggers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    timestamp: float = 0.0
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
+    num_prefix_cache_queries: int = 0  # prompt tokens looked up this step
+    num_prefix_cache_hits: int = 0  # of which found in the cache
+    num_preemptions: int = 0  # this step
+    num_prompt_tokens: int = 0  # prompt tokens computed this step
+    num_generation_tokens: int = 0  # tokens sampled this step
+    num_finished: int = 0  # this step
+    step_time: float = 0.0  # seconds spent in the step
