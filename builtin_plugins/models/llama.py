@@ -1,0 +1,134 @@
+"""Llama: GQA, RoPE (incl. rope_scaling), RMSNorm with fused residual, SwiGLU, tied or untied head."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from kernelcore.config import KernelConfig
+from kernelcore.config_builder import load_hf_config
+from kernelcore.layers.activation import SiluAndMul
+from kernelcore.layers.attention import Attention
+from kernelcore.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from kernelcore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from kernelcore.layers.norm import RMSNorm
+from kernelcore.layers.rotary import RotaryEmbedding, get_rope
+from kernelcore.models.loader import load_params
+
+
+def rope_config(hf_config) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from either transformers' 5.x rope_parameters or the 4.x fields."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    scaling = getattr(hf_config, "rope_scaling", None) or params or None
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None) or 10000.0)
+    if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    if scaling is not None and "original_max_position_embeddings" not in scaling:
+        scaling = {**scaling, "original_max_position_embeddings": hf_config.max_position_embeddings}
+    return theta, scaling
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, hf_config, rotary_emb: RotaryEmbedding, prefix: str) -> None:
+        super().__init__()
+        hidden, total_heads = hf_config.hidden_size, hf_config.num_attention_heads
+        total_kv_heads = getattr(hf_config, "num_key_value_heads", None) or total_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hidden // total_heads
+        bias = getattr(hf_config, "attention_bias", False)
+        self.qkv_proj = QKVParallelLinear(hidden, head_dim, total_heads, total_kv_heads, bias=bias)
+        self.o_proj = RowParallelLinear(total_heads * head_dim, hidden, bias=bias)
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.rotary_emb = rotary_emb
+        self.attn = Attention(self.qkv_proj.num_heads, head_dim, head_dim ** -0.5, self.qkv_proj.num_kv_heads,
+                              prefix=f"{prefix}.attn")
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hf_config) -> None:
+        super().__init__()
+        hidden, inter = hf_config.hidden_size, hf_config.intermediate_size
+        bias = getattr(hf_config, "mlp_bias", False)
+        assert hf_config.hidden_act == "silu", f"unsupported hidden_act {hf_config.hidden_act!r}"
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [inter, inter], bias=bias)
+        self.down_proj = RowParallelLinear(inter, hidden, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, hf_config, rotary_emb: RotaryEmbedding, prefix: str) -> None:
+        super().__init__()
+        eps = hf_config.rms_norm_eps
+        self.self_attn = LlamaAttention(hf_config, rotary_emb, f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(hf_config)
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, hf_config, prefix: str) -> None:
+        super().__init__()
+        theta, scaling = rope_config(hf_config)
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        rotary_emb = get_rope(head_dim, head_dim, hf_config.max_position_embeddings, theta, scaling)
+        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(hf_config, rotary_emb, f"{prefix}.layers.{i}")
+                                    for i in range(hf_config.num_hidden_layers))
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    supports_tensor_parallel = True
+    supports_lora = True
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    stacked_params_mapping = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+                              ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+
+    def __init__(self, config: KernelConfig, prefix: str = "") -> None:
+        super().__init__()
+        self.config, self.hf_config = config, load_hf_config(config.model)
+        self.model = LlamaModel(self.hf_config, f"{prefix}.model" if prefix else "model")
+        self.lm_head = ParallelLMHead(self.hf_config.vocab_size, self.hf_config.hidden_size)
+        self.is_tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        if self.is_tied:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        def rename(name: str) -> str | None:
+            if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.is_tied):
+                return None
+            return name
+
+        return load_params(self, weights, self.stacked_params_mapping, rename)

@@ -1,0 +1,32 @@
+"""Choosing an attention backend: the platform is asked once per distinct selector per process."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttentionSelector:
+    head_size: int
+    num_heads: int
+    num_kv_heads: int
+    dtype: str  # "float32", "bfloat16", ...
+    block_size: int
+    kv_cache_dtype: str = "auto"
+
+
+@functools.cache
+def get_attn_backend(selector: AttentionSelector) -> type:
+    from kernelcore import plugins
+    from kernelcore.attention.backend import AttentionBackend
+    from kernelcore.platforms import current_platform, resolve_obj_by_qualname
+
+    qualname = plugins.get_plugin_manager().hook.get_attn_backend_cls(selector=selector)
+    if not qualname:
+        raise RuntimeError(f"platform {current_platform.plugin_name!r} ({type(current_platform).__name__}) "
+                           f"names no attention backend for {selector}: implement get_attn_backend_cls")
+    cls = resolve_obj_by_qualname(qualname)
+    if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
+        raise TypeError(f"get_attn_backend_cls returned {qualname!r}, which is not an AttentionBackend subclass")
+    return cls

@@ -1,0 +1,71 @@
+"""The tensor-parallel group: a communicator that parallel layers call, one per process."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Communicator:
+    """A single-rank group: every collective is the identity."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        assert self.world_size == 1
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        assert self.world_size == 1
+        return t
+
+
+class TorchDistCommunicator(Communicator):
+    """torch.distributed collectives (gloo, nccl, ...); a no-op with one rank."""
+
+    def __init__(self, group=None) -> None:
+        import torch.distributed as dist
+
+        self.group = group
+        if dist.is_available() and dist.is_initialized():
+            super().__init__(dist.get_rank(group), dist.get_world_size(group))
+        else:
+            super().__init__(0, 1)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            torch.distributed.all_reduce(t, group=self.group)
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        if self.world_size == 1:
+            return t
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        torch.distributed.all_gather(parts, t.contiguous(), group=self.group)
+        return torch.cat(parts, dim=dim)
+
+
+_tp_group: Communicator | None = None
+
+
+def get_tp_group() -> Communicator:
+    global _tp_group
+    if _tp_group is None:
+        _tp_group = Communicator()
+    return _tp_group
+
+
+def set_tp_group(comm: Communicator | None) -> None:
+    """Install this process's tensor-parallel communicator (None: back to a single rank)."""
+    global _tp_group
+    _tp_group = comm
+
+
+def make_device_communicator(group=None) -> Communicator:
+    """The communicator class the platform names in ``get_device_communicator_cls``."""
+    from kernelcore import plugins
+    from kernelcore.platforms import resolve_obj_by_qualname
+
+    qualname = plugins.get_plugin_manager().hook.get_device_communicator_cls()
+    cls = resolve_obj_by_qualname(qualname) if qualname else TorchDistCommunicator
+    return cls(group) if group is not None else cls()

@@ -1,0 +1,106 @@
+"""The model runner: builds the model, owns the paged KV cache, runs one flattened batch per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from kernelcore.attention.metadata import AttentionMetadata
+from kernelcore.config import KernelConfig
+from kernelcore.config_builder import load_hf_config
+from kernelcore.forward_context import set_forward_context
+from kernelcore.layers.attention import Attention
+from kernelcore.models.loader import get_dtype, get_model
+
+
+@dataclass
+class SeqBatchEntry:
+    token_ids: list[int]  # tokens to compute this step (a prefill chunk, or the 1 decode token)
+    num_computed_tokens: int  # tokens of this sequence already in the KV cache = position of token_ids[0]
+    block_table: list[int]  # the sequence's KV block ids, covering num_computed_tokens + len(token_ids)
+    num_logits: int = 1  # trailing positions needing logits: 0, 1, or len(token_ids) (prompt logprobs)
+    lora_id: int = 0  # reserved for LoRA
+
+
+class ModelRunner:
+    def __init__(self, config: KernelConfig) -> None:
+        self.config = config
+        self.hf_config = load_hf_config(config.model)
+        self.vocab_size: int = self.hf_config.vocab_size
+        self.dtype = get_dtype(config.model.dtype)
+        self.block_size = config.cache.block_size
+        self.model = None
+        self.attn_layers: list[Attention] = []
+        self.kv_caches: list[torch.Tensor] = []
+        self.num_blocks = 0
+        self._arange = torch.arange(max(config.scheduler.max_num_batched_tokens, config.model.max_model_len or 0) + 1)
+
+    def load_model(self) -> None:
+        self.model = get_model(self.config)
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+
+    def kv_cache_bytes_per_block(self) -> int:
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return sum(2 * self.block_size * a.num_kv_heads * a.head_size * element_size for a in self.attn_layers)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = []
+        for layer in self.attn_layers:
+            shape = layer.backend.get_kv_cache_shape(num_blocks, self.block_size, layer.num_kv_heads, layer.head_size)
+            layer.kv_cache = torch.zeros(shape, dtype=self.dtype)
+            self.kv_caches.append(layer.kv_cache)
+        self.num_blocks = num_blocks
+
+    def _arange_to(self, n: int) -> torch.Tensor:
+        if n >= self._arange.numel():
+            self._arange = torch.arange(2 * n)
+        return self._arange[:n]
+
+    def prepare(self, entries: list[SeqBatchEntry]):
+        """input_ids, positions, attention metadata and logits row indices for a flattened batch."""
+        block_size = self.block_size
+        query_lens = [len(e.token_ids) for e in entries]
+        context_lens = [e.num_computed_tokens for e in entries]
+        seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+        num_seqs, num_tokens = len(entries), sum(query_lens)
+        input_ids = torch.tensor(list(chain.from_iterable(e.token_ids for e in entries)), dtype=torch.long)
+        query_lens_t = torch.tensor(query_lens)
+        context_lens_t = torch.tensor(context_lens)
+        query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.long)
+        torch.cumsum(query_lens_t, 0, out=query_start_loc[1:])
+        # Per token: its sequence, then its position = context + offset within the chunk.
+        seq_idx = torch.repeat_interleave(self._arange_to(num_seqs), query_lens_t, output_size=num_tokens)
+        positions = self._arange_to(num_tokens) - query_start_loc[seq_idx] + context_lens_t[seq_idx]
+        num_blocks = [-(-s // block_size) for s in seq_lens]
+        max_blocks = max(num_blocks)
+        block_tables = torch.tensor([e.block_table[:n] + [0] * (max_blocks - n) for e, n in zip(entries, num_blocks)],
+                                    dtype=torch.long)
+        slot_mapping = block_tables[seq_idx, positions // block_size] * block_size + positions % block_size
+        metadata = AttentionMetadata(
+            slot_mapping=slot_mapping, query_start_loc=query_start_loc, seq_lens=torch.tensor(seq_lens),
+            context_lens=context_lens_t, block_tables=block_tables, query_lens_list=query_lens,
+            seq_lens_list=seq_lens, max_query_len=max(query_lens), max_seq_len=max(seq_lens))
+        # Logits rows: the last num_logits tokens of each sequence.
+        num_logits = torch.tensor([e.num_logits for e in entries])
+        total_logits = int(num_logits.sum())
+        logits_start = torch.zeros(num_seqs, dtype=torch.long)
+        torch.cumsum(num_logits[:-1], 0, out=logits_start[1:])
+        row_seq = torch.repeat_interleave(self._arange_to(num_seqs), num_logits, output_size=total_logits)
+        logits_idx = query_start_loc[1:][row_seq] - num_logits[row_seq] + (self._arange_to(total_logits) - logits_start[row_seq])
+        lora_ids = None
+        if any(e.lora_id for e in entries):
+            lora_ids = torch.tensor([e.lora_id for e in entries])[seq_idx]
+        return input_ids, positions, metadata, logits_idx, lora_ids
+
+    @torch.inference_mode()
+    def execute(self, entries: list[SeqBatchEntry]) -> torch.Tensor:
+        """Float32 logits [sum(num_logits), vocab], rows in entry order."""
+        input_ids, positions, metadata, logits_idx, lora_ids = self.prepare(entries)
+        with set_forward_context(metadata, lora_ids):
+            hidden = self.model(input_ids, positions)
+            if logits_idx.numel() == 0:
+                return torch.empty(0, self.vocab_size, dtype=torch.float32)
+            logits = self.model.compute_logits(hidden[logits_idx])
+        return logits[:, : self.vocab_size].float()

@@ -1,0 +1,1 @@
+"""In-tree layers: tensor-parallel linears and embeddings, custom ops, and the Attention layer."""

@@ -1,0 +1,60 @@
+"""Vocabulary-parallel embedding and LM head: each rank holds a contiguous slice of the vocabulary."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernelcore.distributed import get_tp_group
+from kernelcore.layers.linear import copy_checked
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        tp = get_tp_group()
+        self.tp_rank, self.tp_size = tp.rank, tp.world_size
+        self.num_embeddings = num_embeddings
+        self.num_embeddings_per_partition = -(-num_embeddings // self.tp_size)  # padded when not divisible
+        self.vocab_start_idx = self.num_embeddings_per_partition * self.tp_rank
+        self.vocab_end_idx = min(self.vocab_start_idx + self.num_embeddings_per_partition, num_embeddings)
+        self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        if self.tp_size == 1:
+            copy_checked(param.data, loaded_weight)
+            return
+        if loaded_weight.size(0) != self.num_embeddings:
+            raise ValueError(f"shape mismatch: checkpoint {tuple(loaded_weight.shape)} vs vocab {self.num_embeddings}")
+        size = self.vocab_end_idx - self.vocab_start_idx
+        param.data[size:].zero_()
+        copy_checked(param.data[:size], loaded_weight.narrow(0, self.vocab_start_idx, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(x, self.weight)
+        mask = (x >= self.vocab_start_idx) & (x < self.vocab_end_idx)
+        y = F.embedding((x - self.vocab_start_idx) * mask, self.weight)
+        y.mul_(mask.unsqueeze(-1).to(y.dtype))
+        return get_tp_group().all_reduce(y)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.num_embeddings_per_partition), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def tie_to(self, embedding: VocabParallelEmbedding) -> None:
+        self.weight = embedding.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight, self.bias)
+        if self.tp_size > 1:
+            logits = get_tp_group().all_gather(logits, dim=-1)[..., : self.num_embeddings]
+        return logits

@@ -1,0 +1,59 @@
+"""RMSNorm (with an optional fused residual add) and LayerNorm as custom ops."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernelcore.custom_op import CustomOp
+
+
+@CustomOp.register("rms_norm")
+class RMSNorm(CustomOp):
+    """``norm(x)``, or ``norm(x + residual), x + residual`` when a residual is given."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is not None:
+            x = x + residual
+            residual = x
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * h.to(dtype)
+        return out if residual is None else (out, residual)
+
+    def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.dtype != torch.float32:
+            return self.forward_native(x, residual)
+        if residual is not None:
+            residual = residual.add_(x)  # the residual stream is owned by the model
+            x = residual
+        out = F.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
+        return out if residual is None else (out, residual)
+
+
+@CustomOp.register("layer_norm")
+class LayerNorm(CustomOp):
+    def __init__(self, hidden_size: int, eps: float = 1e-5, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.zeros(hidden_size), requires_grad=False) if elementwise_affine else None
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        mean = h.mean(-1, keepdim=True)
+        var = (h - mean).pow(2).mean(-1, keepdim=True)
+        h = (h - mean) * torch.rsqrt(var + self.eps)
+        if self.weight is not None:
+            h = h * self.weight.float() + self.bias.float()
+        return h.to(x.dtype)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.hidden_size,), self.weight, self.bias, self.eps)

@@ -1,0 +1,141 @@
+"""Load a model from a local Hugging Face directory: safetensors (memory-mapped) or .bin, sharded or not."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from kernelcore.config import KernelConfig, set_current_config
+
+logger = logging.getLogger("kernelcore.models")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def get_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def weight_files(model_dir: str) -> tuple[list[str], str]:
+    """The checkpoint files to read and their format ("safetensors" or "bin")."""
+    for index_name, fmt in (("model.safetensors.index.json", "safetensors"), ("pytorch_model.bin.index.json", "bin")):
+        index = os.path.join(model_dir, index_name)
+        if os.path.isfile(index):
+            with open(index) as f:
+                names = sorted(set(json.load(f)["weight_map"].values()))
+            files = [os.path.join(model_dir, n) for n in names]
+            missing = [f for f in files if not os.path.isfile(f)]
+            if missing:
+                raise FileNotFoundError(f"{index_name} in {model_dir} lists missing shard files: {missing}")
+            return files, fmt
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if files:
+        return files, "safetensors"
+    files = sorted(glob.glob(os.path.join(model_dir, "pytorch_model*.bin")))
+    if files:
+        return files, "bin"
+    raise FileNotFoundError(f"no model weights in {model_dir}: expected *.safetensors or pytorch_model*.bin "
+                            "(optionally with an .index.json for shards)")
+
+
+def iterate_weights(model_dir: str, use_tqdm: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    from tqdm.auto import tqdm
+
+    files, fmt = weight_files(model_dir)
+    bar = tqdm(files, desc="Loading weights", unit="file", disable=not use_tqdm or len(files) < 1, leave=False)
+    for path in bar:
+        if fmt == "safetensors":
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        else:
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # legacy (non-zip) format cannot be memory-mapped
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            yield from state.items()
+            del state
+
+
+def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    from kernelcore.layers.linear import copy_checked
+
+    copy_checked(param.data, loaded_weight)
+
+
+def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                stacked_params_mapping: list[tuple[str, str, object]] = (),
+                rename: Callable[[str], str | None] | None = None) -> set[str]:
+    """Copy checkpoint tensors into ``model`` through each parameter's ``weight_loader``.
+
+    ``stacked_params_mapping`` holds (fused param part, checkpoint part, shard id), e.g.
+    ("qkv_proj", "q_proj", "q"). Raises naming the tensor on a shape mismatch, and
+    naming the parameters the checkpoint did not provide.
+    """
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for ckpt_name, tensor in weights:
+        name = rename(ckpt_name) if rename else ckpt_name
+        if name is None:
+            continue
+        shard_id: object = None
+        for param_part, ckpt_part, sid in stacked_params_mapping:
+            if f".{ckpt_part}." in name:
+                name, shard_id = name.replace(f".{ckpt_part}.", f".{param_part}."), sid
+                break
+        param = params.get(name)
+        if param is None:
+            unexpected.append(ckpt_name)
+            continue
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            loader(param, tensor) if shard_id is None else loader(param, tensor, shard_id)
+        except (ValueError, RuntimeError) as exc:
+            raise ValueError(f"cannot load checkpoint tensor {ckpt_name!r} {tuple(tensor.shape)} into parameter "
+                             f"{name!r} {tuple(param.shape)}: {exc}") from None
+        loaded.add(name)
+    if unexpected:
+        logger.warning("ignored %d checkpoint tensors with no matching parameter: %s", len(unexpected), unexpected[:8])
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint does not provide {len(missing)} parameters: {missing[:10]}")
+    return loaded
+
+
+def get_model(config: KernelConfig) -> nn.Module:
+    """Resolve the architecture in the registry, build it under the config and dtype, load its weights."""
+    from kernelcore.models.registry import model_registry
+
+    architecture = config.model.architecture
+    if architecture is None:
+        from kernelcore.config_builder import load_hf_config
+
+        architecture, _ = model_registry.resolve(list(getattr(load_hf_config(config.model), "architectures", None) or []))
+    model_cls = model_registry.get_model_cls(architecture)
+    weight_files(config.model.model)  # fail on missing weights before building anything
+    with set_current_config(config), default_dtype(get_dtype(config.model.dtype)):
+        model = model_cls(config, prefix="")
+        model.load_weights(iterate_weights(config.model.model))
+    return model.eval()
