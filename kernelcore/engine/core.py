@@ -52,7 +52,7 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Schedule, run one forward pass, sample, and return the new tokens of every scheduled request."""
         started = time.perf_counter()
-        if not self.scheduler.has_unfinished_requests():
+        if not self.scheduler.has_unfinished_requests() and not self.scheduler.finished_req_ids:
             return EngineCoreOutputs([], self.get_stats(), time.time())
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
