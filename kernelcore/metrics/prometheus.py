@@ -1,0 +1,120 @@
+"""Prometheus stat logger: the contract's metric set under the ``kc:`` prefix, in its own registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import prometheus_client as prom
+
+from kernelcore.metrics import StatLoggerBase
+from kernelcore.metrics.request_stats import FinishedRequestStats
+from kernelcore.metrics.stats import EngineStats
+
+TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0]
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+class PrometheusStatLogger(StatLoggerBase):
+    """Publishes engine and request statistics; ``generate_latest()`` renders the text exposition."""
+
+    def __init__(self, config: Any = None, model_name: str | None = None) -> None:
+        super().__init__(config)
+        prom.disable_created_metrics()  # the *_created series only add noise to the scrape
+        if model_name is None:
+            model_name = getattr(getattr(config, "model", None), "served_model_name", None) or "model"
+        self.registry = prom.CollectorRegistry(auto_describe=True)
+        labels = {"model_name": model_name}
+
+        def gauge(name: str, doc: str):
+            return prom.Gauge(f"kc:{name}", doc, list(labels), registry=self.registry).labels(**labels)
+
+        def counter(name: str, doc: str):
+            return prom.Counter(f"kc:{name}", doc, list(labels), registry=self.registry).labels(**labels)
+
+        def histogram(name: str, doc: str, buckets: list[float]):
+            return prom.Histogram(f"kc:{name}", doc, list(labels), buckets=buckets, registry=self.registry).labels(**labels)
+
+        self.num_requests_running = gauge("num_requests_running", "Requests running in the engine.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).")
+        cache_info = prom.Gauge("kc:cache_config_info", "Cache configuration.", ["model_name", "block_size",
+                                "enable_prefix_caching", "num_blocks"], registry=self.registry)
+        cache = getattr(config, "cache", None)
+        cache_info.labels(model_name=model_name, block_size=str(getattr(cache, "block_size", "")),
+                          enable_prefix_caching=str(getattr(cache, "enable_prefix_caching", "")),
+                          num_blocks=str(getattr(cache, "num_blocks", ""))).set(1)
+        lora_info = prom.Gauge("kc:lora_requests_info", "Running and waiting LoRA adapters.",
+                               ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=self.registry)
+        lora = getattr(config, "lora", None)
+        self._lora_info = lora_info.labels(max_lora=str(getattr(lora, "max_loras", 0)), running_lora_adapters="",
+                                           waiting_lora_adapters="")
+        self._lora_info.set(0)
+
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
+        self.num_preemptions = counter("num_preemptions", "Cumulative preemptions.")
+        self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        success = prom.Counter("kc:request_success", "Finished requests by finish reason.",
+                               ["model_name", "finished_reason"], registry=self.registry)
+        self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)
+                                for reason in FINISH_REASONS}
+
+        self.request_prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
+        self.request_generation_tokens = histogram("request_generation_tokens", "Generated tokens per request.",
+                                                   TOKEN_BUCKETS)
+        self.request_params_n = histogram("request_params_n", "The n parameter of requests.", [1, 2, 5, 10, 20])
+        self.request_params_max_tokens = histogram("request_params_max_tokens", "The max_tokens parameter.",
+                                                   TOKEN_BUCKETS)
+        self.request_max_num_generation_tokens = histogram("request_max_num_generation_tokens",
+                                                           "Longest choice of each request, in tokens.", TOKEN_BUCKETS)
+        self.iteration_tokens_total = histogram("iteration_tokens_total", "Tokens computed per engine step.",
+                                                [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS)
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency.",
+                                             LATENCY_BUCKETS)
+        self.request_queue_time = histogram("request_queue_time_seconds", "Time spent waiting.", LATENCY_BUCKETS)
+        self.request_inference_time = histogram("request_inference_time_seconds", "Time spent running.",
+                                                LATENCY_BUCKETS)
+        self.request_prefill_time = histogram("request_prefill_time_seconds", "Time spent in prefill.", LATENCY_BUCKETS)
+        self.request_decode_time = histogram("request_decode_time_seconds", "Time spent in decode.", LATENCY_BUCKETS)
+
+    def record(self, stats: EngineStats) -> None:
+        self.num_requests_running.set(stats.num_running)
+        self.num_requests_waiting.set(stats.num_waiting)
+        self.kv_cache_usage_perc.set(stats.kv_cache_usage)
+        self.prompt_tokens.inc(stats.num_prompt_tokens)
+        self.generation_tokens.inc(stats.num_generation_tokens)
+        self.num_preemptions.inc(stats.num_preemptions)
+        self.prefix_cache_queries.inc(stats.num_prefix_cache_queries)
+        self.prefix_cache_hits.inc(stats.num_prefix_cache_hits)
+        num_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
+        if num_tokens:
+            self.iteration_tokens_total.observe(num_tokens)
+
+    def record_finished(self, request: FinishedRequestStats) -> None:
+        reason = request.finish_reason if request.finish_reason in self.request_success else "abort"
+        self.request_success[reason].inc()
+        self.request_prompt_tokens.observe(request.num_prompt_tokens)
+        self.request_generation_tokens.observe(request.num_generation_tokens)
+        self.request_params_n.observe(request.n)
+        if request.max_tokens is not None:
+            self.request_params_max_tokens.observe(request.max_tokens)
+        self.request_max_num_generation_tokens.observe(request.num_generation_tokens / max(request.n, 1))
+        self.time_to_first_token.observe(request.time_to_first_token)
+        for latency in request.inter_token_latencies:
+            self.inter_token_latency.observe(latency)
+        self.e2e_request_latency.observe(request.e2e_latency)
+        self.request_queue_time.observe(request.queue_time)
+        self.request_inference_time.observe(request.prefill_time + request.decode_time)
+        self.request_prefill_time.observe(request.prefill_time)
+        self.request_decode_time.observe(request.decode_time)
+
+    def generate_latest(self) -> bytes:
+        return prom.generate_latest(self.registry)
