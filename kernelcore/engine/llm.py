@@ -1,0 +1,129 @@
+"""The offline API: ``LLM(model).generate(prompts, SamplingParams(...))`` and ``llm.chat(messages)``."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Sequence
+
+from tqdm.auto import tqdm
+
+from kernelcore.engine.core import EngineCore
+from kernelcore.engine.output_processor import OutputProcessor
+from kernelcore.engine.outputs import RequestOutput
+from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.engine.tokenizer import encode_chat, encode_prompt, eos_token_id, get_tokenizer
+
+PromptType = str | dict[str, Any]
+logger = logging.getLogger("kernelcore.llm")
+
+
+def _try_tokenizer(path: str):
+    try:
+        return get_tokenizer(path)
+    except Exception as exc:  # a checkpoint without tokenizer files: token-id prompts only, no text
+        logger.warning("No tokenizer loaded from %s (%s): only token-id prompts work and outputs have no text",
+                       path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+
+
+class LLM:
+    def __init__(self, model: str | None = None, tensor_parallel_size: int = 1, max_model_len: int | None = None,
+                 block_size: int | None = None, kv_cache_memory: int | None = None, dtype: str = "float32",
+                 hf_overrides: dict[str, Any] | None = None, seed: int = 0, **kwargs: Any) -> None:
+        from kernelcore.config_builder import build_config, load_hf_config
+
+        self.config = build_config(model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
+                                   block_size=block_size, kv_cache_memory=kv_cache_memory, dtype=dtype,
+                                   hf_overrides=hf_overrides, seed=seed, **kwargs)
+        self.tokenizer = _try_tokenizer(self.config.model.tokenizer or self.config.model.model)
+        self.eos_token_id = eos_token_id(self.tokenizer, load_hf_config(self.config.model))
+        self.engine_core = EngineCore(self.config)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = self._params_list(sampling_params, len(prompts))
+        request_ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                if isinstance(prompt, str):
+                    request_ids.append(self._add_request(prompt, self._encode(prompt), p))
+                elif "prompt_token_ids" in prompt:
+                    request_ids.append(self._add_request(prompt.get("prompt"), list(prompt["prompt_token_ids"]), p))
+                else:
+                    request_ids.append(self._add_request(prompt["prompt"], self._encode(prompt["prompt"]), p))
+        except Exception:
+            self._abort(request_ids)
+            raise
+        return self._run(request_ids, use_tqdm)
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True, **kwargs: Any) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": encode_chat(self.tokenizer, conv, chat_template, add_generation_prompt, **kwargs)}
+                   for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _params_list(self, sampling_params, num_prompts: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num_prompts
+        if len(sampling_params) != num_prompts:
+            raise ValueError(f"got {len(sampling_params)} sampling params for {num_prompts} prompts")
+        return list(sampling_params)
+
+    def _encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass prompts as {'prompt_token_ids': [...]}")
+        return encode_prompt(self.tokenizer, prompt)
+
+    def _add_request(self, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams) -> str:
+        request_id = str(next(self._counter))
+        params = params.clone(output_kind="final_only")
+        core_requests = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, self.eos_token_id)
+        try:
+            for core_request in core_requests:
+                self.engine_core.add_request(core_request)
+        except Exception:
+            self._abort([request_id])
+            raise
+        return request_id
+
+    def _abort(self, request_ids: list[str]) -> None:
+        self.engine_core.abort_requests(self.output_processor.abort_requests(request_ids))
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        num_output_tokens = 0
+        try:
+            while len(finished) < len(request_ids):
+                engine_outputs = self.engine_core.step()
+                outputs, to_abort = self.output_processor.process_outputs(engine_outputs.outputs)
+                if to_abort:
+                    self.engine_core.abort_requests(to_abort)
+                for output in outputs:
+                    if output.finished:
+                        finished[output.request_id] = output
+                        num_output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                        bar.update(1)
+                        if bar.format_dict.get("elapsed"):
+                            bar.set_postfix_str(f"{num_output_tokens / bar.format_dict['elapsed']:.1f} toks/s", refresh=False)
+                if not self.engine_core.has_unfinished_requests() and len(finished) < len(request_ids):
+                    raise RuntimeError("the engine finished without answering every request")
+        except BaseException:
+            self._abort([r for r in request_ids if r not in finished])
+            raise
+        finally:
+            bar.close()
+        return [finished[r] for r in request_ids]

@@ -1,0 +1,157 @@
+"""Front-end request bookkeeping: fans n > 1 out into child requests, turns EngineCoreOutputs into
+RequestOutputs (detokenized text, stop strings, logprobs) and says which requests the core must abort."""
+
+from __future__ import annotations
+
+import time
+
+from kernelcore.engine.detokenizer import IncrementalDetokenizer
+from kernelcore.engine.outputs import (CompletionOutput, EngineCoreOutput, Logprob, RequestOutput, TokenLogprobs)
+from kernelcore.engine.request import EngineCoreRequest
+from kernelcore.engine.sampling_params import SamplingParams
+
+
+class ChildState:
+    def __init__(self, request_id: str, index: int, parent: "ParentState", tokenizer) -> None:
+        params = parent.params
+        self.request_id, self.index, self.parent = request_id, index, parent
+        self.detokenizer = IncrementalDetokenizer(tokenizer, parent.prompt_token_ids, params) if tokenizer else None
+        self.token_ids: list[int] = []
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0 if params.logprobs is not None else None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.num_new_tokens = 0  # since the last delta
+
+    def make_output(self, is_delta: bool) -> CompletionOutput:
+        is_finished = self.finish_reason is not None
+        text = self.detokenizer.get_next_output_text(is_finished, is_delta) if self.detokenizer else ""
+        token_ids, logprobs = self.token_ids, self.logprobs
+        if is_delta:
+            token_ids = token_ids[len(token_ids) - self.num_new_tokens:]
+            logprobs = logprobs[len(logprobs) - self.num_new_tokens:] if logprobs is not None else None
+        self.num_new_tokens = 0
+        return CompletionOutput(index=self.index, text=text, token_ids=list(token_ids),
+                                logprobs=list(logprobs) if logprobs is not None else None,
+                                cumulative_logprob=self.cumulative_logprob, finish_reason=self.finish_reason,
+                                stop_reason=self.stop_reason)
+
+
+class ParentState:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.request_id, self.prompt, self.prompt_token_ids, self.params = request_id, prompt, prompt_token_ids, params
+        self.children: list[ChildState] = []
+        self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
+        self.num_cached_tokens = 0
+        self.arrival_time = time.time()
+
+    @property
+    def is_finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.children)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.children: dict[str, ChildState] = {}
+        self.parents: dict[str, ParentState] = {}
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.parents)
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                    eos_token_id: int | None = None, lora_id: int = 0) -> list[EngineCoreRequest]:
+        """Track a request; returns the engine-core requests to send (one per parallel sample)."""
+        if request_id in self.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        parent = ParentState(request_id, prompt, prompt_token_ids, params)
+        core_requests = []
+        for index in range(params.n):
+            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+            child_params = params if params.n == 1 else params.clone(
+                n=1, seed=None if params.seed is None else params.seed + index)
+            core_requests.append(EngineCoreRequest(
+                request_id=child_id, prompt_token_ids=prompt_token_ids, sampling_params=child_params,
+                eos_token_id=eos_token_id, arrival_time=parent.arrival_time, lora_id=lora_id,
+                parent_id=None if params.n == 1 else request_id))
+            parent.children.append(ChildState(child_id, index, parent, self.tokenizer))
+        self.parents[request_id] = parent
+        for child in parent.children:
+            self.children[child.request_id] = child
+        return core_requests
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Forget these (parent) requests; returns the child ids the core must abort."""
+        child_ids = []
+        for request_id in request_ids:
+            parent = self.parents.pop(request_id, None)
+            for child in parent.children if parent else ():
+                self.children.pop(child.request_id, None)
+                if child.finish_reason is None:
+                    child_ids.append(child.request_id)
+        return child_ids
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the RequestOutputs to hand out and the child ids to abort in the core (stop strings)."""
+        touched: dict[str, ParentState] = {}
+        to_abort: list[str] = []
+        for out in outputs:
+            child = self.children.get(out.request_id)
+            if child is None or child.finish_reason is not None:
+                continue
+            parent = child.parent
+            touched[parent.request_id] = parent
+            if out.new_prompt_logprobs and parent.prompt_logprobs is not None:
+                parent.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs, parent.params.prompt_logprobs))
+            if out.num_cached_tokens:
+                parent.num_cached_tokens = out.num_cached_tokens
+            if not out.new_token_ids and not out.finish_reason:
+                continue
+            child.token_ids.extend(out.new_token_ids)
+            child.num_new_tokens += len(out.new_token_ids)
+            if child.logprobs is not None and out.new_logprobs:
+                new = self._logprob_dicts(out.new_logprobs, parent.params.logprobs)
+                child.logprobs.extend(new)
+                child.cumulative_logprob += sum(lp.logprob for tl, d in zip(out.new_logprobs, new)
+                                                for lp in [d[tl.token_ids[0]]])
+            child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
+            if child.detokenizer is not None:
+                # The core finishes with "stop" only on EOS or a stop id, whose text is dropped.
+                stop_str = child.detokenizer.update(out.new_token_ids, out.finish_reason == "stop")
+                if stop_str is not None:
+                    if child.finish_reason is None:
+                        to_abort.append(child.request_id)
+                    child.finish_reason, child.stop_reason = "stop", stop_str
+        results = [r for r in (self._make_output(p) for p in touched.values()) if r is not None]
+        for parent in touched.values():
+            if parent.is_finished:
+                self.parents.pop(parent.request_id, None)
+                for child in parent.children:
+                    self.children.pop(child.request_id, None)
+        return results, to_abort
+
+    def _make_output(self, parent: ParentState) -> RequestOutput | None:
+        kind = parent.params.output_kind
+        is_finished = parent.is_finished
+        if kind == "final_only" and not is_finished:
+            return None
+        if kind == "delta":
+            completions = [c.make_output(True) for c in parent.children if c.num_new_tokens or c.finish_reason]
+        else:
+            completions = [c.make_output(False) for c in parent.children]
+        return RequestOutput(request_id=parent.request_id, prompt=parent.prompt, prompt_token_ids=parent.prompt_token_ids,
+                             prompt_logprobs=parent.prompt_logprobs, outputs=completions, finished=is_finished,
+                             num_cached_tokens=parent.num_cached_tokens)
+
+    def _logprob_dicts(self, entries: list[TokenLogprobs], num_top: int) -> list[dict[int, Logprob]]:
+        result = []
+        for entry in entries:
+            d = {}
+            for i, (token_id, logprob) in enumerate(zip(entry.token_ids, entry.logprobs)):
+                if token_id not in d:
+                    d[token_id] = Logprob(max(logprob, -9999.0), entry.rank if i == 0 else i, self._token_text(token_id))
+            result.append(d)
+        return result
+
+    def _token_text(self, token_id: int) -> str | None:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else None

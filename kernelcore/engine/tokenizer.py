@@ -1,0 +1,41 @@
+"""Tokenizer loading and chat templates (transformers' own machinery)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+
+@functools.lru_cache(maxsize=4)
+def get_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
+def apply_chat_template(tokenizer, messages: list[dict[str, Any]], chat_template: str | None = None,
+                        add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("The tokenizer has no chat template and none was given; pass chat_template=... "
+                         "(a Jinja template string)")
+    return tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def encode_chat(tokenizer, messages: list[dict[str, Any]], chat_template: str | None = None,
+                add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+    text = apply_chat_template(tokenizer, messages, chat_template, add_generation_prompt, **kwargs)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def eos_token_id(tokenizer, hf_config=None) -> int | None:
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if eos is None and hf_config is not None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return eos
