@@ -18,8 +18,34 @@ def _save(model_cls, config, path: str, seed: int, std: float, safe_serializatio
             else:
                 p.normal_(0, std)
     os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=safe_serialization, **save_kwargs)
+    model.save_pretrained(path, **save_kwargs)
+    if not safe_serialization:
+        to_bin_checkpoint(path, num_shards=2 if "max_shard_size" in save_kwargs else 1)
     return path
+
+
+def to_bin_checkpoint(path: str, num_shards: int = 1) -> None:
+    """Rewrite a safetensors checkpoint as pytorch_model*.bin (transformers 5 only saves safetensors)."""
+    import glob
+    import json
+
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    tensors = {k: v for f in files for k, v in load_file(f).items()}
+    for f in files + glob.glob(os.path.join(path, "*.safetensors.index.json")):
+        os.remove(f)
+    if num_shards == 1:
+        torch.save(tensors, os.path.join(path, "pytorch_model.bin"))
+        return
+    names, weight_map = sorted(tensors), {}
+    for i in range(num_shards):
+        shard = f"pytorch_model-{i + 1:05d}-of-{num_shards:05d}.bin"
+        part = names[i::num_shards]
+        torch.save({k: tensors[k] for k in part}, os.path.join(path, shard))
+        weight_map.update({k: shard for k in part})
+    with open(os.path.join(path, "pytorch_model.bin.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
 def make_llama_checkpoint(path: str, seed: int = 0, std: float = 0.1, safe_serialization: bool = True,
