@@ -205,3 +205,27 @@ def register_triton_kernel_overrides(kernels: KernelTable) -> None:
     Called in: every worker, right after the general plugins load and before
     the worker class is resolved.
     """
+
+
+# -- HTTP server (general hooks) ---------------------------------------------------
+
+
+@hookspec
+def register_endpoints(app: Any, engine: Any) -> Any:
+    """Add HTTP routes to the API server.
+
+    Call ``app.router.add_get(path, handler)`` (or any aiohttp router method);
+    prefer a namespaced path (``/plugins/<name>/...``). A route that clashes
+    with a core route makes the plugin fail. The routes sit behind the same
+    middlewares as the core ones (``--api-key``, error envelope).
+
+    Off by default: only plugins named in ``KC_PLUGINS``, or every plugin with
+    ``kc serve --enable-endpoint-plugins``, are called. A plugin that raises is
+    skipped and logged with its name; the server still starts.
+
+    :param app: the :class:`aiohttp.web.Application`, before it starts.
+    :param engine: the :class:`~kernelcore.engine.async_llm.AsyncLLM` serving requests.
+    :returns: None, or an awaitable that is awaited before the server starts.
+
+    Called in: the front-end process, once, when ``kc serve`` builds the app.
+    """

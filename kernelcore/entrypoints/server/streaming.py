@@ -1,0 +1,156 @@
+"""Driving the engine for one HTTP request (abort on every early exit) and writing Server-Sent Events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from kernelcore.engine.outputs import CompletionOutput, RequestOutput
+from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.entrypoints.server.errors import APIError
+
+logger = logging.getLogger("kernelcore.server")
+
+
+@dataclass
+class EnginePrompt:
+    text: str | None
+    token_ids: list[int]
+    params: SamplingParams
+
+
+def engine_error(exc: BaseException) -> APIError:
+    """Map what ``AsyncLLM.generate`` raises to the error the client sees."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):  # admission: the request can never be served
+        return APIError(str(exc), 400)
+    name = type(exc).__name__
+    if name == "EngineDeadError":
+        return APIError(f"The engine is dead: {exc}", 500)
+    return APIError(str(exc) or name, 500)
+
+
+async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIterator[RequestOutput]:
+    """``engine.generate`` that aborts the request in the engine unless it finished (disconnect, error, cancel)."""
+    generator = engine.generate(request_id, prompt.token_ids, prompt.params, prompt=prompt.text)
+    is_finished = False
+    try:
+        async for output in generator:
+            is_finished = output.finished
+            yield output
+    finally:
+        if not is_finished:
+            try:
+                await asyncio.shield(engine.abort(request_id))
+            except Exception:  # the engine may be gone; nothing is left to free then
+                logger.debug("abort of %s failed", request_id, exc_info=True)
+        await generator.aclose()
+
+
+async def merged(engine: Any, base_id: str, prompts: list[EnginePrompt]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of every prompt as they come, tagged with the prompt index; cancels (and aborts) all on exit."""
+    if len(prompts) == 1:
+        async for output in iterate(engine, f"{base_id}-0", prompts[0]):
+            yield 0, output
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, prompt: EnginePrompt) -> None:
+        try:
+            async for output in iterate(engine, f"{base_id}-{index}", prompt):
+                await queue.put((index, output, None))
+        except Exception as exc:
+            await queue.put((index, None, exc))
+        else:
+            await queue.put((index, None, None))
+
+    tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prompts)]
+    try:
+        num_running = len(tasks)
+        while num_running:
+            index, output, error = await queue.get()
+            if error is not None:
+                raise error
+            if output is None:
+                num_running -= 1
+            else:
+                yield index, output
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def final_outputs(engine: Any, base_id: str, prompts: list[EnginePrompt]) -> list[RequestOutput]:
+    finals: list[RequestOutput | None] = [None] * len(prompts)
+    async for index, output in merged(engine, base_id, prompts):
+        finals[index] = output
+    return finals  # type: ignore[return-value]
+
+
+class ChoiceState:
+    """What was already sent for one choice, to turn cumulative outputs into deltas."""
+
+    def __init__(self) -> None:
+        self.num_chars = 0
+        self.num_tokens = 0
+        self.is_finished = False
+
+    def advance(self, output: CompletionOutput) -> tuple[str, int]:
+        """The new text and the index of the first new token; marks the choice finished when it is."""
+        start = self.num_tokens
+        delta = output.text[self.num_chars:]
+        self.num_chars, self.num_tokens = len(output.text), len(output.token_ids)
+        self.is_finished = output.finish_reason is not None
+        return delta, start
+
+
+def check_not_aborted(output: CompletionOutput) -> None:
+    if output.finish_reason == "abort":
+        raise APIError("The request was aborted by the engine", 500)
+
+
+class SSEWriter:
+    """``data: <json>\\n\\n`` events, ending with ``data: [DONE]``; a write to a closed socket raises ConnectionError."""
+
+    def __init__(self, request: web.Request, headers: dict[str, str]) -> None:
+        self.request = request
+        self.response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                    **headers})
+
+    async def start(self) -> None:
+        await self.response.prepare(self.request)
+
+    async def send(self, payload: dict[str, Any]) -> None:
+        await self.response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+
+    async def finish(self) -> web.StreamResponse:
+        await self.response.write(b"data: [DONE]\n\n")
+        await self.response.write_eof()
+        return self.response
+
+
+async def stream_events(request: web.Request, headers: dict[str, str],
+                        events: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
+    """Send each event; a failure after the first byte becomes an SSE error event, then ``[DONE]``."""
+    writer = SSEWriter(request, headers)
+    await writer.start()
+    try:
+        async for event in events:
+            await writer.send(event)
+    except (ConnectionError, asyncio.CancelledError):
+        raise  # the client is gone: the generators' finally blocks abort the engine requests
+    except Exception as exc:
+        error = engine_error(exc)
+        if error.status >= 500:
+            logger.error("request failed mid-stream: %s", error.message)
+        await writer.send(error.to_dict())
+    finally:
+        await events.aclose()
+    return await writer.finish()
