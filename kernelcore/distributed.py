@@ -69,3 +69,18 @@ def make_device_communicator(group=None) -> Communicator:
     qualname = plugins.get_plugin_manager().hook.get_device_communicator_cls()
     cls = resolve_obj_by_qualname(qualname) if qualname else TorchDistCommunicator
     return cls(group) if group is not None else cls()
+
+
+def init_distributed(world_size: int, rank: int, init_method: str | None, backend: str) -> None:
+    """Join the tensor-parallel process group and install the platform's communicator.
+
+    The rendezvous address is always loopback (``tcp://127.0.0.1:port``), chosen by the executor.
+    """
+    if world_size <= 1:
+        set_tp_group(None)
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size)
+    set_tp_group(make_device_communicator())

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from kernelcore.distributed import init_distributed
 from kernelcore.executor.worker import WorkerBase
 
 
@@ -14,3 +15,4 @@ class CpuWorker(WorkerBase):
         super().init_device()
         num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(max(1, num_cores // self.config.parallel.tensor_parallel_size))
+        init_distributed(self.config.parallel.tensor_parallel_size, self.rank, self.distributed_init_method, "gloo")

@@ -135,6 +135,7 @@ def _bootstrap(role: str, target: Callable[..., Any] | str, args: tuple, kwargs:
     global _status_conn
     _status_conn = status
     set_role(role)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
     _die_with_parent(parent_pid)
     try:
         import setproctitle

@@ -1,0 +1,238 @@
+"""AsyncLLM: the asyncio front end of the engine-core process (used by the API server).
+
+The front end keeps tokenization, detokenization, stop strings and request
+bookkeeping (OutputProcessor); the engine core schedules and runs the model.
+Stat loggers run here, fed by the per-step stats the core sends and by the
+per-request timings measured here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from kernelcore.config import KernelConfig
+from kernelcore.engine.core_client import EngineDeadError, RequestError, start_engine_core
+from kernelcore.engine.core_proc import (AbortRequests, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors, FromCore,
+                                         ShutdownCore)
+from kernelcore.engine.output_processor import OutputProcessor
+from kernelcore.engine.outputs import RequestOutput
+from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.engine.scheduler import RequestRejected
+from kernelcore.hostproc.ipc import AsyncChannel
+from kernelcore.metrics import StatLoggerBase
+from kernelcore.metrics.request_stats import FinishedRequestStats
+from kernelcore.metrics.stats import EngineStats
+
+logger = logging.getLogger("kernelcore.engine")
+__all__ = ["AsyncLLM", "EngineDeadError", "RequestError", "RequestRejected"]
+
+
+@dataclass
+class _Tracked:
+    queue: asyncio.Queue
+    params: SamplingParams
+    num_prompt_tokens: int
+    arrival: float = field(default_factory=time.monotonic)
+    token_times: list[float] = field(default_factory=list)
+    num_generation_tokens: int = 0
+
+
+class AsyncLLM:
+    def __init__(self, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> None:
+        from kernelcore.config_builder import load_hf_config
+        from kernelcore.engine.tokenizer import eos_token_id, get_tokenizer
+
+        self.config = config
+        self.tokenizer = get_tokenizer(config.model.tokenizer or config.model.model)
+        self.eos_token_id = eos_token_id(self.tokenizer, load_hf_config(config.model))
+        self.max_model_len = config.model.max_model_len
+        self.stat_loggers = list(stat_loggers or [])
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.tracked: dict[str, _Tracked] = {}
+        self.last_stats = EngineStats()
+        self.dead_error: BaseException | None = None
+        self._channel: AsyncChannel | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._log_interval = 5.0
+
+    @classmethod
+    async def create(cls, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> "AsyncLLM":
+        self = cls(config, stat_loggers)
+        self.process, listener, info = await asyncio.to_thread(start_engine_core, config)
+        try:
+            sock = await asyncio.to_thread(listener.accept_socket, 30.0)
+        finally:
+            listener.close()
+        self._channel = await AsyncChannel.from_socket(sock, FromCore)
+        self.num_blocks, self.vocab_size = info["num_blocks"], info["vocab_size"]
+        self._tasks = [asyncio.create_task(self._read_loop(), name="kc-engine-reader"),
+                       asyncio.create_task(self._watch_process(), name="kc-engine-watch"),
+                       asyncio.create_task(self._log_loop(), name="kc-stat-log")]
+        return self
+
+    # -- state ----------------------------------------------------------------------------------------
+
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_error is not None
+
+    @property
+    def num_requests_running(self) -> int:
+        return self.last_stats.num_running
+
+    @property
+    def num_requests_waiting(self) -> int:
+        return self.last_stats.num_waiting
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                       prompt: str | None = None, lora_id: int = 0) -> AsyncIterator[RequestOutput]:
+        """Cumulative outputs of one request; the last has ``finished=True``. Cancelling aborts it."""
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead_error}")
+        if request_id in self.tracked:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = sampling_params.clone(output_kind="cumulative")
+        core_requests = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params,
+                                                          self.eos_token_id, lora_id)
+        tracked = _Tracked(asyncio.Queue(), params, len(prompt_token_ids))
+        self.tracked[request_id] = tracked
+        self._channel.send_nowait(AddRequests(core_requests))
+        is_finished = False
+        try:
+            while not is_finished:
+                item = await tracked.queue.get()
+                if isinstance(item, BaseException):
+                    is_finished = True
+                    raise item
+                is_finished = item.finished
+                yield item
+        finally:
+            if not is_finished:
+                self.abort_nowait(request_id)
+
+    def abort_nowait(self, request_id: str) -> None:
+        tracked = self.tracked.pop(request_id, None)
+        child_ids = self.output_processor.abort_requests([request_id])
+        if child_ids and self._channel is not None and not self.is_dead:
+            self._channel.send_nowait(AbortRequests(child_ids))
+        if tracked is not None:
+            self._record_finished(tracked, "abort")
+
+    async def abort(self, request_id: str) -> None:
+        self.abort_nowait(request_id)
+
+    # -- the engine's messages ------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                message = await self._channel.recv()
+                if isinstance(message, CoreOutputs):
+                    self._on_outputs(message)
+                elif isinstance(message, CoreRequestErrors):
+                    self._on_errors(message)
+                elif isinstance(message, CoreDead):
+                    self._die(EngineDeadError(message.message))
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            self._die(EngineDeadError(f"engine core connection lost: {exc}"))
+
+    def _on_outputs(self, message: CoreOutputs) -> None:
+        now = time.monotonic()
+        outputs, to_abort = self.output_processor.process_outputs(message.outputs.outputs)
+        if to_abort:
+            self._channel.send_nowait(AbortRequests(to_abort))
+        for output in outputs:
+            tracked = self.tracked.get(output.request_id)
+            if tracked is None:
+                continue
+            num_tokens = sum(len(c.token_ids) for c in output.outputs)
+            if num_tokens > tracked.num_generation_tokens:
+                tracked.token_times.append(now)
+                tracked.num_generation_tokens = num_tokens
+            tracked.queue.put_nowait(output)
+            if output.finished:
+                self.tracked.pop(output.request_id, None)
+                reasons = [c.finish_reason for c in output.outputs]
+                self._record_finished(tracked, "length" if "length" in reasons else reasons[0] or "stop")
+        if message.outputs.stats is not None:
+            self.last_stats = message.outputs.stats
+            for stat_logger in self.stat_loggers:
+                stat_logger.record(message.outputs.stats)
+
+    def _on_errors(self, message: CoreRequestErrors) -> None:
+        error_cls = RequestRejected if message.is_rejected else RequestError
+        for child_id, text in message.errors.items():
+            child = self.output_processor.children.get(child_id)
+            if child is None:
+                continue
+            parent_id = child.parent.request_id
+            tracked = self.tracked.pop(parent_id, None)
+            remaining = self.output_processor.abort_requests([parent_id])
+            if remaining:
+                self._channel.send_nowait(AbortRequests(remaining))
+            if tracked is not None:
+                tracked.queue.put_nowait(error_cls(text))
+
+    def _record_finished(self, tracked: _Tracked, finish_reason: str) -> None:
+        now = time.monotonic()
+        times = tracked.token_times
+        ttft = (times[0] - tracked.arrival) if times else 0.0
+        stats = FinishedRequestStats(
+            finish_reason=finish_reason, num_prompt_tokens=tracked.num_prompt_tokens,
+            num_generation_tokens=tracked.num_generation_tokens, max_tokens=tracked.params.max_tokens,
+            n=tracked.params.n, e2e_latency=now - tracked.arrival, time_to_first_token=ttft, prefill_time=ttft,
+            decode_time=(times[-1] - times[0]) if times else 0.0,
+            inter_token_latencies=[b - a for a, b in zip(times, times[1:])])
+        for stat_logger in self.stat_loggers:
+            try:
+                stat_logger.record_finished(stats)
+            except Exception:
+                logger.exception("stat logger %s failed", type(stat_logger).__name__)
+
+    def _die(self, error: EngineDeadError, is_expected: bool = False) -> None:
+        if self.dead_error is not None:
+            return
+        if not is_expected:
+            logger.error("engine is dead: %s", error)
+        self.dead_error = error
+        for request_id, tracked in list(self.tracked.items()):
+            tracked.queue.put_nowait(EngineDeadError(str(error)))
+        self.tracked.clear()
+
+    async def _watch_process(self) -> None:
+        while self.process.is_alive():
+            await asyncio.sleep(0.5)
+        self._die(EngineDeadError(f"engine core process exited (exit code {self.process.process.exitcode})"))
+
+    async def _log_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._log_interval)
+            for stat_logger in self.stat_loggers:
+                try:
+                    stat_logger.log()
+                except Exception:
+                    logger.exception("stat logger %s failed", type(stat_logger).__name__)
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        self._is_shutting_down = True
+        for task in self._tasks:
+            task.cancel()
+        if self._channel is not None and not self.is_dead:
+            try:
+                await self._channel.send(ShutdownCore())
+            except (ConnectionError, OSError):
+                pass
+        await asyncio.to_thread(self.process.process.join, timeout)
+        self.process.terminate()
+        if self._channel is not None:
+            self._channel.close()
+        for stat_logger in self.stat_loggers:
+            stat_logger.shutdown()
+        self._die(EngineDeadError("the engine was shut down"), is_expected=True)

@@ -1,0 +1,96 @@
+"""Start the engine-core process and talk to it synchronously (the offline LLM's multiprocess mode).
+
+:class:`MPEngineCoreClient` has the surface of :class:`~kernelcore.engine.core.EngineCore` that the
+offline API uses (add_request, abort_requests, step, has_unfinished_requests, shutdown), so the
+same front-end code drives either.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kernelcore import envs, hostproc
+from kernelcore.config import KernelConfig
+from kernelcore.engine.core_proc import (AbortRequests, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
+                                         FromCore, ShutdownCore)
+from kernelcore.engine.outputs import EngineCoreOutputs
+from kernelcore.engine.request import EngineCoreRequest
+from kernelcore.engine.scheduler import RequestRejected
+from kernelcore.hostproc.ipc import Listener, private_socket_dir
+
+
+class EngineDeadError(RuntimeError):
+    """The engine-core process (or one of its workers) died; no request can be served."""
+
+
+class RequestError(RuntimeError):
+    """This request failed inside the engine; other requests are unaffected."""
+
+
+def start_engine_core(config: KernelConfig) -> tuple[hostproc.HostProcess, Listener, dict]:
+    """Spawn ``engine-core`` and wait for its ready report; returns (process, listener with its connection pending, info)."""
+    listener = Listener(os.path.join(private_socket_dir(), "engine-core.sock"))
+    process = hostproc.spawn("kernelcore.engine.core_proc.run_engine_core", role="engine-core",
+                             args=(config, listener.path))
+    try:
+        info = process.wait_ready(envs.KC_READY_TIMEOUT)
+    except BaseException:
+        listener.close()
+        process.terminate()
+        raise
+    return process, listener, info
+
+
+class MPEngineCoreClient:
+    def __init__(self, config: KernelConfig) -> None:
+        self.process, listener, info = start_engine_core(config)
+        try:
+            self.channel = listener.accept(FromCore, timeout=30)
+        finally:
+            listener.close()
+        self.num_blocks, self.block_size, self.vocab_size = info["num_blocks"], info["block_size"], info["vocab_size"]
+        self.unfinished: set[str] = set()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.channel.send(AddRequests([request]))
+        self.unfinished.add(request.request_id)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.channel.send(AbortRequests(list(request_ids)))
+            self.unfinished.difference_update(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.unfinished)
+
+    def step(self) -> EngineCoreOutputs:
+        """The next outputs the core produced (it steps on its own while it has work)."""
+        while True:
+            try:
+                message = self.channel.recv(timeout=1.0)
+            except TimeoutError:
+                if not self.process.is_alive():
+                    raise EngineDeadError(f"engine core died (exit code {self.process.process.exitcode})") from None
+                continue
+            except (ConnectionError, OSError) as exc:
+                raise EngineDeadError(f"engine core is gone: {exc}") from exc
+            if isinstance(message, CoreOutputs):
+                for output in message.outputs.outputs:
+                    if output.finish_reason is not None:
+                        self.unfinished.discard(output.request_id)
+                return message.outputs
+            if isinstance(message, CoreDead):
+                raise EngineDeadError(message.message)
+            if isinstance(message, CoreRequestErrors):
+                self.unfinished.difference_update(message.errors)
+                error = RequestRejected if message.is_rejected else RequestError
+                raise error("; ".join(f"{rid}: {msg}" for rid, msg in message.errors.items()))
+
+    def shutdown(self) -> None:
+        try:
+            self.channel.send(ShutdownCore())
+        except OSError:
+            pass
+        self.process.process.join(10)
+        self.process.terminate()
+        self.channel.close()

@@ -1,0 +1,128 @@
+"""The engine-core process: EngineCore driven by messages over a unix socket.
+
+Front end -> core: AddRequests, AbortRequests, ShutdownCore.
+Core -> front end: CoreOutputs (after every step that produced something),
+CoreRequestErrors (a request failed alone), CoreDead (the engine cannot go on).
+All are msgspec Structs (msgpack on the wire): nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Union
+
+import msgspec
+
+from kernelcore import envs, hostproc
+from kernelcore.config import KernelConfig
+from kernelcore.engine.outputs import EngineCoreOutputs
+from kernelcore.engine.request import EngineCoreRequest
+from kernelcore.hostproc.ipc import Channel
+
+logger = logging.getLogger("kernelcore.engine")
+
+
+class AddRequests(msgspec.Struct, tag="add"):
+    requests: list[EngineCoreRequest]
+
+
+class AbortRequests(msgspec.Struct, tag="abort"):
+    request_ids: list[str]
+
+
+class ShutdownCore(msgspec.Struct, tag="shutdown"):
+    pass
+
+
+class CoreOutputs(msgspec.Struct, tag="out"):
+    outputs: EngineCoreOutputs
+
+
+class CoreRequestErrors(msgspec.Struct, tag="err"):
+    errors: dict[str, str]  # engine-core request id -> message
+    is_rejected: bool = False  # admission refused (a client error) rather than a failure while running
+
+
+class CoreDead(msgspec.Struct, tag="dead"):
+    message: str
+
+
+ToCore = Union[AddRequests, AbortRequests, ShutdownCore]
+FromCore = Union[CoreOutputs, CoreRequestErrors, CoreDead]
+
+
+class EngineCoreLoop:
+    def __init__(self, config: KernelConfig, channel: Channel) -> None:
+        from kernelcore.engine.core import EngineCore
+
+        self.core = EngineCore(config)
+        self.channel = channel
+        self.is_running = True
+
+    def handle(self, message: ToCore) -> None:
+        if isinstance(message, AddRequests):
+            rejected = {}
+            for request in message.requests:
+                try:
+                    self.core.add_request(request)
+                except ValueError as exc:
+                    rejected[request.request_id] = str(exc)
+            if rejected:
+                self.channel.send(CoreRequestErrors(rejected, is_rejected=True))
+        elif isinstance(message, AbortRequests):
+            self.core.abort_requests(message.request_ids)
+        else:
+            self.is_running = False
+
+    def has_work(self) -> bool:
+        return self.core.has_unfinished_requests() or bool(self.core.scheduler.finished_req_ids)
+
+    def step(self) -> None:
+        from kernelcore.executor.multiproc import WorkerDiedError
+
+        running = [r.request_id for r in self.core.scheduler.running]
+        try:
+            outputs = self.core.step()
+        except WorkerDiedError:
+            raise
+        except Exception as exc:
+            # The batch failed: fail the requests that were in it, keep serving the rest.
+            logger.exception("engine step failed; failing the %d requests it held", len(running))
+            self.core.abort_requests(running)
+            self.channel.send(CoreRequestErrors({rid: f"{type(exc).__name__}: {exc}" for rid in running}))
+            return
+        if outputs.outputs or outputs.stats is not None:
+            self.channel.send(CoreOutputs(outputs))
+
+    def run(self) -> None:
+        while self.is_running:
+            for message in self.channel.recv_available(0.0 if self.has_work() else 1.0):
+                self.handle(message)
+            if self.is_running and self.has_work():
+                self.step()
+            elif self.is_running:
+                check = getattr(self.core.executor, "check_health", None)
+                if check is not None:
+                    check()
+
+
+def run_engine_core(config: KernelConfig, socket_path: str) -> None:
+    """The target of the ``engine-core`` process (plugins are already loaded by hostproc)."""
+    channel = Channel.connect(socket_path, ToCore)
+    loop = EngineCoreLoop(config, channel)
+    envs.freeze()
+    hostproc.report_ready({"num_blocks": loop.core.num_blocks, "block_size": loop.core.block_size,
+                           "vocab_size": loop.core.vocab_size})
+    try:
+        loop.run()
+    except ConnectionError:
+        logger.info("front end closed the channel; engine core exits")
+    except Exception as exc:
+        logger.exception("engine core failed")
+        try:
+            channel.send(CoreDead(f"{type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+        raise
+    finally:
+        loop.core.shutdown()

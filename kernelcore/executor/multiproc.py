@@ -1,0 +1,161 @@
+"""The multiprocess executor: one spawned ``worker-i`` process per tensor-parallel rank.
+
+The engine core sends each call once per worker over a unix socket (msgspec
+frames, no pickle); every rank runs the forward (torch.distributed
+collectives inside the parallel layers) and rank 0 returns the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Union
+
+import msgspec
+
+from kernelcore import envs, hostproc
+from kernelcore.config import KernelConfig
+from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from kernelcore.hostproc.ipc import Channel, Listener, private_socket_dir
+
+logger = logging.getLogger("kernelcore.executor")
+
+
+class Call(msgspec.Struct, tag="call"):
+    method: str  # "determine_num_blocks" | "initialize_cache" | "vocab_size" | "shutdown"
+    arg: int | None = None
+
+
+class Execute(msgspec.Struct, tag="execute"):
+    scheduler_output: SchedulerOutput
+
+
+class Reply(msgspec.Struct, tag="reply"):
+    value: int | None = None
+    output: ModelRunnerOutput | None = None
+    error: str | None = None
+
+
+WorkerRequest = Union[Call, Execute]
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process died or failed; the engine cannot continue."""
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MultiprocExecutor:
+    def __init__(self, config: KernelConfig) -> None:
+        self.config = config
+        self.world_size = config.parallel.tensor_parallel_size
+        self.socket_dir = private_socket_dir()
+        init_method = f"tcp://127.0.0.1:{_free_loopback_port()}"  # rendezvous on loopback only
+        self.workers: list[hostproc.HostProcess] = []
+        self.channels: list[Channel] = []
+        listeners = []
+        try:
+            for rank in range(self.world_size):
+                path = os.path.join(self.socket_dir, f"worker-{rank}.sock")
+                listeners.append(Listener(path))
+                self.workers.append(hostproc.spawn("kernelcore.executor.multiproc.worker_main", role=f"worker-{rank}",
+                                                   args=(config.for_rank(rank), rank, init_method, path)))
+            for worker in self.workers:
+                worker.wait_ready(envs.KC_READY_TIMEOUT)
+            for listener in listeners:
+                self.channels.append(listener.accept(Reply, timeout=30))
+        except BaseException:
+            self.shutdown()
+            raise
+        finally:
+            for listener in listeners:
+                listener.close()
+        self.vocab_size = self._call_all(Call("vocab_size"))[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.config.cache.block_size
+
+    def _call_all(self, message: WorkerRequest) -> list[int | None]:
+        for rank, channel in enumerate(self.channels):
+            self._send(rank, channel, message)
+        return [self._reply(rank, channel) for rank, channel in enumerate(self.channels)]
+
+    def _send(self, rank: int, channel: Channel, message: WorkerRequest) -> None:
+        try:
+            channel.send(message)
+        except OSError as exc:
+            raise WorkerDiedError(f"worker-{rank} is gone: {exc}") from exc
+
+    def _reply(self, rank: int, channel: Channel) -> Reply:
+        while True:
+            try:
+                reply = channel.recv(timeout=1.0)
+                break
+            except TimeoutError:
+                if not self.workers[rank].is_alive():
+                    raise WorkerDiedError(f"worker-{rank} died (exit code {self.workers[rank].process.exitcode})")
+            except (ConnectionError, OSError) as exc:
+                raise WorkerDiedError(f"worker-{rank} is gone: {exc}") from exc
+        if reply.error is not None:
+            raise WorkerDiedError(f"worker-{rank} failed: {reply.error}")
+        return reply.value if reply.output is None else reply.output
+
+    def determine_num_blocks(self) -> int:
+        return min(self._call_all(Call("determine_num_blocks")))
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self._call_all(Call("initialize_cache", num_blocks))
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self._call_all(Execute(scheduler_output))[0]
+
+    def check_health(self) -> None:
+        for rank, worker in enumerate(self.workers):
+            if not worker.is_alive():
+                raise WorkerDiedError(f"worker-{rank} died (exit code {worker.process.exitcode})")
+
+    def shutdown(self) -> None:
+        for channel in self.channels:
+            try:
+                channel.send(Call("shutdown"))
+            except OSError:
+                pass
+        for worker in self.workers:
+            worker.process.join(3)
+            worker.terminate()
+        for channel in self.channels:
+            channel.close()
+        self.channels, self.workers = [], []
+
+
+def worker_main(config: KernelConfig, rank: int, init_method: str, socket_path: str) -> None:
+    """The target of a ``worker-i`` process (plugins are already loaded by hostproc)."""
+    from kernelcore.executor.uniproc import create_worker
+
+    worker = create_worker(config, rank=rank, distributed_init_method=init_method)
+    channel = Channel.connect(socket_path, WorkerRequest)
+    hostproc.report_ready({"rank": rank})
+    while True:
+        message = channel.recv()
+        try:
+            if isinstance(message, Execute):
+                output = worker.execute_model(message.scheduler_output)
+                channel.send(Reply(output=output if rank == 0 else None))
+            elif message.method == "shutdown":
+                break
+            elif message.method == "initialize_cache":
+                worker.initialize_cache(message.arg)
+                channel.send(Reply())
+            else:
+                channel.send(Reply(value=getattr(worker, message.method)() if message.method != "vocab_size"
+                                   else worker.vocab_size))
+        except Exception as exc:
+            logger.exception("worker-%d failed", rank)
+            channel.send(Reply(error=f"{type(exc).__name__}: {exc}"))
+    channel.close()
