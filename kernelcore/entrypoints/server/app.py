@@ -1,0 +1,159 @@
+"""The aiohttp application: state, middlewares (request id, errors, auth, body limits), routes, endpoint plugins."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from kernelcore.entrypoints.server.errors import APIError, error_response
+from kernelcore.entrypoints.server.protocol import Limits
+
+logger = logging.getLogger("kernelcore.server")
+
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics"})  # reachable without the API key
+
+
+@dataclass
+class ServerOptions:
+    served_model_names: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    max_body_bytes: int = 8 << 20
+    chat_template: str | None = None  # --chat-template, already read from its file
+    trust_request_chat_template: bool = False
+    response_role: str = "assistant"
+    enable_endpoint_plugins: bool = False
+
+
+@dataclass
+class ServerState:
+    engine: Any
+    options: ServerOptions
+    stat_logger: Any = None  # PrometheusStatLogger
+    num_in_flight: int = 0
+    is_shutting_down: bool = False
+    in_flight_changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def model_name(self) -> str:
+        return self.options.served_model_names[0]
+
+    def check_model(self, model: str | None) -> str:
+        """The name to echo for the requested model; unknown names are a 404."""
+        if model is None or model in self.options.served_model_names:
+            return self.model_name
+        raise APIError(f"The model `{model}` does not exist.", 404, "model")
+
+
+STATE = web.AppKey("kc_state", ServerState)
+
+
+def get_state(request: web.Request) -> ServerState:
+    return request.app[STATE]
+
+
+def base_request_id(request: web.Request) -> str:
+    return request.headers.get("X-Request-Id") or uuid.uuid4().hex
+
+
+async def read_json(request: web.Request) -> Any:
+    if request.content_type != "application/json":
+        raise APIError(f"Unsupported Media Type: only 'application/json' is accepted, got '{request.content_type}'", 415)
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(f"Invalid JSON body: {exc}", 400) from None
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    headers = {"X-Request-Id": request.headers["X-Request-Id"]} if "X-Request-Id" in request.headers else {}
+    try:
+        response = await handler(request)
+    except APIError as exc:
+        return error_response(exc, headers)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(APIError(f"Request body too large: {exc.text}", 413), headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(APIError(exc.reason, exc.status), headers)
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        logger.exception("Unhandled error in %s %s", request.method, request.path)
+        return error_response(APIError("Internal server error", 500), headers)
+    if headers and not response.prepared:
+        response.headers.update(headers)
+    return response
+
+
+@web.middleware
+async def guard_middleware(request: web.Request, handler) -> web.StreamResponse:
+    state = get_state(request)
+    key = state.options.api_key
+    if key is not None and request.path not in OPEN_PATHS:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+    if request.content_length is not None and request.content_length > state.options.max_body_bytes:
+        raise APIError(f"Request body too large: {request.content_length} bytes (at most "
+                       f"{state.options.max_body_bytes})", 413)
+    if request.method != "POST" or request.path in OPEN_PATHS:
+        return await handler(request)
+    if state.is_shutting_down:
+        raise APIError("The server is shutting down", 503)
+    state.num_in_flight += 1
+    try:
+        return await handler(request)
+    finally:
+        state.num_in_flight -= 1
+        state.in_flight_changed.set()
+
+
+async def register_endpoint_plugins(app: web.Application, engine: Any, enabled: bool) -> list[str]:
+    """Call each allowed plugin's ``register_endpoints``; a failing one is logged by name and skipped."""
+    from kernelcore import envs, plugins
+
+    allowed = set(envs.KC_PLUGINS or [])
+    registered = []
+    for impl in plugins.get_plugin_manager().hook.register_endpoints.get_hookimpls():
+        name = impl.plugin_name
+        if not (enabled or name in allowed):
+            logger.info("Endpoint plugin %r is off: name it in KC_PLUGINS or pass --enable-endpoint-plugins", name)
+            continue
+        try:
+            result = plugins.call_plugin_hook(name, "register_endpoints", app=app, engine=engine)
+            for value in result or []:
+                if inspect.isawaitable(value):
+                    await value
+        except Exception as exc:
+            logger.error("Endpoint plugin %r failed and is skipped: %s: %s", name, type(exc).__name__, exc)
+            continue
+        logger.info("Endpoint plugin %r registered its routes", name)
+        registered.append(name)
+    return registered
+
+
+async def create_app(engine: Any, options: ServerOptions, stat_logger: Any = None) -> web.Application:
+    from kernelcore.entrypoints.server import chat, completions, models, tokenize
+
+    if not options.served_model_names:
+        options.served_model_names = [engine.config.model.served_model_name]
+    app = web.Application(middlewares=[error_middleware, guard_middleware], client_max_size=options.max_body_bytes)
+    app[STATE] = ServerState(engine=engine, options=options, stat_logger=stat_logger)
+    app.router.add_post("/v1/completions", completions.create_completion)
+    app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
+    models.add_routes(app)
+    tokenize.add_routes(app)
+    await register_endpoint_plugins(app, engine, options.enable_endpoint_plugins)
+    return app
