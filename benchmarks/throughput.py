@@ -1,0 +1,214 @@
+"""Offline throughput: kernelcore vs transformers ``generate`` on the same synthetic workloads, same run.
+
+    python benchmarks/throughput.py --shape llama --workload uniform --dtype float32
+    python benchmarks/throughput.py --quick          # a smoke run
+    kc bench throughput ...                          # the same command, mounted in the CLI
+
+Workloads (fixed seed, random-weight checkpoints built with transformers into a temp dir):
+  uniform:       32 requests, 128-token prompts, 128 output tokens, ignore_eos
+  mixed:         64 requests, prompts uniform in 32-512, outputs uniform in 16-256, ignore_eos
+  shared-prefix: 64 requests sharing a 384-token prefix + 32 distinct tokens, 64 outputs
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import statistics
+import tempfile
+import threading
+import time
+
+import click
+import torch
+
+SHAPES = {
+    "opt": dict(arch="opt", vocab_size=50272, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                ffn_dim=3072),
+    "llama": dict(arch="llama", vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                  num_key_value_heads=4, intermediate_size=2048),
+}
+
+
+def build_checkpoint(shape: str, root: str) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
+
+    path = os.path.join(root, shape)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    kwargs = dict(SHAPES[shape])
+    arch = kwargs.pop("arch")
+    torch.manual_seed(0)
+    if arch == "opt":
+        model = OPTForCausalLM(OPTConfig(max_position_embeddings=2048, word_embed_proj_dim=768, **kwargs))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=2048, tie_word_embeddings=False, **kwargs))
+    model.save_pretrained(path)
+    return path
+
+
+def make_workload(name: str, vocab_size: int, quick: bool) -> list[tuple[list[int], int]]:
+    rng = random.Random(0)
+    tok = lambda n: [rng.randrange(4, vocab_size) for _ in range(n)]  # noqa: E731
+    scale = 4 if quick else 1
+    if name == "uniform":
+        return [(tok(128), 128 // scale) for _ in range(32 // scale)]
+    if name == "mixed":
+        return [(tok(rng.randint(32, 512)), rng.randint(16, 256) // scale) for _ in range(64 // scale)]
+    if name == "shared-prefix":
+        prefix = tok(384)
+        return [(prefix + tok(32), 64 // scale) for _ in range(64 // scale)]
+    raise ValueError(name)
+
+
+class PeakRss:
+    """Peak resident memory of this process while the block runs (sampled every 20 ms)."""
+
+    def __enter__(self):
+        import psutil
+
+        self.proc, self.peak, self.is_done = psutil.Process(), 0, False
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self):
+        while not self.is_done:
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.02)
+
+    def __exit__(self, *exc):
+        self.is_done = True
+        self.thread.join()
+
+
+def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_batched_tokens: int) -> dict:
+    from kernelcore import LLM, SamplingParams
+
+    max_len = max(len(p) + n for p, n in workload)
+    llm = LLM(path, dtype=dtype, max_model_len=2048, kv_cache_memory=2 << 30, max_num_seqs=max_num_seqs,
+              max_num_batched_tokens=max_num_batched_tokens)
+    llm.generate([{"prompt_token_ids": workload[0][0][:16]}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    llm.engine_core.reset_prefix_cache()
+    prompts = [{"prompt_token_ids": p} for p, _ in workload]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
+    del max_len
+    with PeakRss() as mem:
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert num_tokens == sum(n for _, n in workload)
+    kv = llm.engine_core.scheduler.kv
+    result = dict(tokens_per_s=num_tokens / elapsed, seconds=elapsed, peak_rss_gib=mem.peak / 2**30,
+                  prefix_hit_rate=kv.num_hits / max(kv.num_queries, 1))
+    del llm
+    gc.collect()
+    return result
+
+
+def run_transformers(path: str, workload, dtype: str, batch_size: int = 32) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    order = sorted(range(len(workload)), key=lambda i: len(workload[i][0]))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    with torch.inference_mode():
+        model.generate(torch.tensor([workload[0][0][:16]]), max_new_tokens=4, do_sample=False)
+    with PeakRss() as mem, torch.inference_mode():
+        start = time.perf_counter()
+        for batch in batches:
+            prompts = [workload[i][0] for i in batch]
+            width = max(len(p) for p in prompts)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            num_new = max(workload[i][1] for i in batch)
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=num_new, min_new_tokens=num_new,
+                           do_sample=False, pad_token_id=0)
+        elapsed = time.perf_counter() - start
+    num_tokens = sum(n for _, n in workload)  # useful tokens: a static batch also pads shorter requests
+    del model
+    gc.collect()
+    return dict(tokens_per_s=num_tokens / elapsed, seconds=elapsed, peak_rss_gib=mem.peak / 2**30)
+
+
+def matmul_peak_gflops(dtype: str, m: int = 64, k: int = 768, n: int = 3072) -> float:
+    a, b = torch.randn(m, k, dtype=getattr(torch, dtype)), torch.randn(k, n, dtype=getattr(torch, dtype))
+    for _ in range(5):
+        a @ b
+    iters, start = 50, time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    return 2 * m * k * n * iters / (time.perf_counter() - start) / 1e9
+
+
+def flops_per_token(path: str) -> float:
+    from safetensors import safe_open
+
+    num_params = 0
+    for name in os.listdir(path):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(path, name), "pt") as f:
+                for key in f.keys():
+                    if "embed_tokens" not in key and "embed_positions" not in key:
+                        num_params += f.get_slice(key).get_shape().numel() if hasattr(f.get_slice(key).get_shape(), "numel") \
+                            else _numel(f.get_slice(key).get_shape())
+    return 2.0 * num_params
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+@click.command("throughput")
+@click.option("--shape", type=click.Choice(["opt", "llama", "all"]), default="all", show_default=True)
+@click.option("--workload", type=click.Choice(["uniform", "mixed", "shared-prefix", "all"]), default="all", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option("--num-runs", type=int, default=1, show_default=True, help="Repeat each measurement; medians are printed.")
+@click.option("--quick", is_flag=True, help="A quarter of the requests and output tokens (smoke run).")
+@click.option("--skip-hf", is_flag=True, help="Do not run transformers generate.")
+@click.option("--max-num-seqs", type=int, default=128, show_default=True)
+@click.option("--max-num-batched-tokens", type=int, default=2048, show_default=True)
+@click.option("--checkpoint-dir", type=click.Path(), default=None, help="Reuse/keep the random checkpoints here.")
+@click.option("--json-out", type=click.Path(), default=None, help="Also write the results as JSON.")
+def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, max_num_batched_tokens,
+               checkpoint_dir, json_out):
+    """kernelcore vs transformers generate: output tokens/s on synthetic workloads, in the same run."""
+    shapes = list(SHAPES) if shape == "all" else [shape]
+    workloads = ["uniform", "mixed", "shared-prefix"] if workload == "all" else [workload]
+    root = checkpoint_dir or tempfile.mkdtemp(prefix="kc-bench-")
+    peak = matmul_peak_gflops(dtype)
+    click.echo(f"threads={torch.get_num_threads()} dtype={dtype} matmul peak (64x768x3072) {peak:.0f} GFLOP/s")
+    results = []
+    for s in shapes:
+        path = build_checkpoint(s, root)
+        flops = flops_per_token(path)
+        for w in workloads:
+            work = make_workload(w, SHAPES[s]["vocab_size"], quick)
+            kc_runs = [run_kernelcore(path, work, dtype, max_num_seqs, max_num_batched_tokens) for _ in range(num_runs)]
+            hf_runs = [] if skip_hf else [run_transformers(path, work, dtype) for _ in range(num_runs)]
+            kc = statistics.median(r["tokens_per_s"] for r in kc_runs)
+            hf = statistics.median(r["tokens_per_s"] for r in hf_runs) if hf_runs else float("nan")
+            row = dict(shape=s, workload=w, dtype=dtype, quick=quick, num_requests=len(work),
+                       kernelcore_tokens_per_s=kc, transformers_tokens_per_s=hf, ratio=kc / hf if hf_runs else None,
+                       kernelcore_peak_rss_gib=max(r["peak_rss_gib"] for r in kc_runs),
+                       transformers_peak_rss_gib=max(r["peak_rss_gib"] for r in hf_runs) if hf_runs else None,
+                       prefix_hit_rate=kc_runs[0]["prefix_hit_rate"],
+                       roofline_share=kc * flops / (peak * 1e9))
+            results.append(row)
+            click.echo(f"{s:6s} {w:14s} kernelcore {kc:7.1f} tok/s | transformers {hf:7.1f} tok/s | "
+                       f"ratio {row['ratio'] or float('nan'):5.2f}x | peak RSS kc {row['kernelcore_peak_rss_gib']:.2f} GiB"
+                       f" hf {row['transformers_peak_rss_gib'] or float('nan'):.2f} GiB | "
+                       f"prefix hits {row['prefix_hit_rate']:.0%} | roofline {row['roofline_share']:.0%}")
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    throughput()
