@@ -6,7 +6,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-REQUIRED_DUMMIES = ("kc-dummy-platform", "kc-dummy-ops", "kc-dummy-stat-logger")  # TODO kc-dummy-model
+REQUIRED_DUMMIES = ("kc-dummy-platform", "kc-dummy-model", "kc-dummy-ops", "kc-dummy-stat-logger")
 
 
 def pytest_configure(config):
