@@ -1,0 +1,176 @@
+"""`kc serve [MODEL]`: build the config, start the engine, serve the OpenAI-compatible API until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import signal
+import sys
+from typing import Any
+
+import click
+
+logger = logging.getLogger("kernelcore.serve")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20, "g": 1e9, "gb": 1e9,
+          "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
+
+
+def parse_size(value: str | int | None) -> int | None:
+    """``"2GiB"``, ``"512MB"``, ``"1048576"`` -> bytes."""
+    if value is None or isinstance(value, int):
+        return value
+    match = _SIZE.match(value)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise click.BadParameter(f"{value!r} is not a size (e.g. 2GiB, 512MB, 1048576)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _json_object(ctx: click.Context, param: click.Parameter, value: str | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter("must be a JSON object")
+    return parsed
+
+
+def _opt(*names: str, env: str, **kwargs: Any):
+    return click.option(*names, envvar=env, show_envvar=True, show_default=kwargs.pop("show_default", True), **kwargs)
+
+
+@click.command("serve", context_settings={"max_content_width": 120})
+@click.argument("model", required=False, envvar="KC_MODEL")
+@_opt("--host", env="KC_HOST", default="127.0.0.1", help="Interface to bind. Binding beyond loopback is explicit.")
+@_opt("--port", env="KC_PORT", default=8000, type=int, help="TCP port (0 picks a free one).")
+@_opt("--tensor-parallel-size", "-tp", env="KC_TENSOR_PARALLEL_SIZE", type=int, default=None, show_default=False,
+      help="Number of tensor-parallel workers [default: 1].")
+@_opt("--max-model-len", env="KC_MAX_MODEL_LEN", type=int, default=None, help="Context length [default: the model's].")
+@_opt("--block-size", env="KC_BLOCK_SIZE", type=int, default=None, help="KV-cache block size in tokens.")
+@_opt("--max-num-seqs", env="KC_MAX_NUM_SEQS", type=int, default=None, help="Most sequences per engine step.")
+@_opt("--max-num-batched-tokens", env="KC_MAX_NUM_BATCHED_TOKENS", type=int, default=None,
+      help="Token budget per engine step.")
+@_opt("--kv-cache-memory", env="KC_KV_CACHE_MEMORY", default=None, help="KV-cache size per rank, e.g. 2GiB.")
+@_opt("--dtype", env="KC_DTYPE", default=None, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+      help="Weight and activation dtype [default: float32].")
+@_opt("--hf-overrides", env="KC_HF_OVERRIDES", default=None, callback=_json_object,
+      help='JSON object applied over the HF config, e.g. \'{"rope_theta": 20000}\'.')
+@_opt("--chat-template", env="KC_CHAT_TEMPLATE", default=None,
+      help="Chat template: a file path or an inline Jinja string [default: the tokenizer's].")
+@_opt("--trust-request-chat-template", env="KC_TRUST_REQUEST_CHAT_TEMPLATE", is_flag=True, default=False,
+      help="Let requests bring their own chat_template.")
+@_opt("--response-role", env="KC_RESPONSE_ROLE", default="assistant", help="Role of generated chat messages.")
+@_opt("--served-model-name", env="KC_SERVED_MODEL_NAME", default=None,
+      help="Name clients use for the model [default: the model directory's name].")
+@_opt("--api-key", env="KC_API_KEY", default=None, show_default=False,
+      help="Require 'Authorization: Bearer KEY' on every route except /health and /metrics.")
+@_opt("--enable-prefix-caching/--no-enable-prefix-caching", env="KC_ENABLE_PREFIX_CACHING", default=None,
+      show_default=False, help="Reuse KV blocks of shared prompt prefixes [default: on].")
+@_opt("--seed", env="KC_SEED", type=int, default=None, help="Engine random seed.")
+@_opt("--enable-endpoint-plugins", env="KC_ENABLE_ENDPOINT_PLUGINS", is_flag=True, default=False,
+      help="Let every installed plugin add HTTP routes (otherwise only plugins named in KC_PLUGINS).")
+@_opt("--max-request-body-bytes", env="KC_MAX_REQUEST_BODY_BYTES", default="8MiB", help="Larger bodies get 413.")
+@_opt("--max-n", env="KC_MAX_N", type=int, default=16, help="Largest `n` a request may ask for.")
+@_opt("--max-logprobs", env="KC_MAX_LOGPROBS", type=int, default=20, help="Largest logprobs/top_logprobs count.")
+@_opt("--max-stop-strings", env="KC_MAX_STOP_STRINGS", type=int, default=16, help="Most stop strings per request.")
+@_opt("--max-stop-string-length", env="KC_MAX_STOP_STRING_LENGTH", type=int, default=256,
+      help="Longest stop string, in characters.")
+@_opt("--max-prompts", env="KC_MAX_PROMPTS", type=int, default=64, help="Most prompts in one completions request.")
+@_opt("--shutdown-timeout", env="KC_SHUTDOWN_TIMEOUT", type=float, default=10.0,
+      help="Seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them.")
+def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None, max_model_len: int | None,
+              block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
+              kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
+              trust_request_chat_template: bool, response_role: str, served_model_name: str | None,
+              api_key: str | None, enable_prefix_caching: bool | None, seed: int | None,
+              enable_endpoint_plugins: bool, max_request_body_bytes: str, max_n: int, max_logprobs: int,
+              max_stop_strings: int, max_stop_string_length: int, max_prompts: int, shutdown_timeout: float,
+              **platform_options: Any) -> None:
+    """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
+    OpenAI-compatible HTTP API.
+
+    Platform plugins may add options of their own; their values stay in the click context for the platform's
+    ``pre_register_and_update(parser=None)`` call.
+    """
+    from kernelcore.config_builder import build_config
+    from kernelcore.entrypoints.server.app import ServerOptions
+    from kernelcore.entrypoints.server.chat import load_chat_template
+    from kernelcore.entrypoints.server.protocol import Limits
+
+    try:
+        template = load_chat_template(chat_template)
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--chat-template") from None
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        logger.warning("Binding %s without --api-key: anyone who can reach this port can use the model", host)
+    click.echo(f"Building the config for {model or 'the embedded default model'}...", err=True)
+    config = build_config(
+        model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
+        hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
+        enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template)
+    options = ServerOptions(
+        served_model_names=[config.model.served_model_name], api_key=api_key,
+        limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
+                      max_stop_string_length=max_stop_string_length, max_prompts=max_prompts),
+        max_body_bytes=parse_size(max_request_body_bytes), chat_template=template,
+        trust_request_chat_template=trust_request_chat_template, response_role=response_role,
+        enable_endpoint_plugins=enable_endpoint_plugins)
+    asyncio.run(run_server(config, options, host, port, shutdown_timeout))
+    sys.exit(0)
+
+
+serve_cmd.kc_engine_args = True
+
+
+async def run_server(config: Any, options: Any, host: str, port: int, shutdown_timeout: float) -> None:
+    from aiohttp import web
+
+    from kernelcore.engine.async_llm import AsyncLLM
+    from kernelcore.entrypoints.server.app import STATE, create_app
+    from kernelcore.metrics import load_stat_logger_plugins
+    from kernelcore.metrics.prometheus import PrometheusStatLogger
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    prometheus = PrometheusStatLogger(config)
+    stat_loggers = [prometheus] + [cls(config) for cls in load_stat_logger_plugins()]
+    logger.info("Starting the engine (loading weights, allocating the KV cache)...")
+    engine = await AsyncLLM.create(config, stat_loggers=stat_loggers)
+    runner = None
+    try:
+        app = await create_app(engine, options, prometheus)
+        state = app[STATE]
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
+        logger.info("Serving %s on http://%s:%d (Ctrl-C to stop)", options.served_model_names[0], bound[0], bound[1])
+        await stop.wait()
+        logger.info("Shutting down: no new requests; waiting up to %.1fs for %d in flight", shutdown_timeout,
+                    state.num_in_flight)
+        state.is_shutting_down = True
+        await site.stop()
+        deadline = loop.time() + shutdown_timeout
+        while state.num_in_flight and loop.time() < deadline:
+            state.in_flight_changed.clear()
+            try:
+                await asyncio.wait_for(state.in_flight_changed.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                break
+        if state.num_in_flight:
+            logger.info("Aborting %d request(s) still in flight", state.num_in_flight)
+    finally:
+        if runner is not None:
+            await runner.cleanup()  # cancels the remaining handlers; each aborts its engine request
+        await engine.shutdown()
+        logger.info("Engine stopped; bye")
