@@ -320,6 +320,8 @@ def test_error_cases(url, model):
     assert error["param"] == "max_tokens" and error["message"] == (
         f"'max_tokens' or 'max_completion_tokens' is too large: 100. This model's maximum context length is "
         f"{MAX_MODEL_LEN} tokens and your request has 200 input tokens (100 > {MAX_MODEL_LEN} - 200).")
+    r = post(url, c, {"prompt": [5] * (MAX_MODEL_LEN - 3), "ignore_eos": True})  # the default 16 is clamped
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     r = post(url, ch, {"messages": msgs, "max_completion_tokens": None})
     assert r.status_code == 200  # no limit given: the rest of the context
     assert requests.get(url + "/health").status_code == 200
@@ -429,6 +431,32 @@ def test_metrics_counts(url, model):
                  "request_queue_time_seconds", "request_decode_time_seconds", "num_preemptions_total"):
         assert f"kc:{name}" in text
     assert re.search(r'kc:num_requests_running\{model_name="%s"\}' % re.escape(model), text)
+
+
+# -- the client commands against the server ------------------------------------------------------------------
+
+
+def _kc(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "kernelcore.entrypoints.cli", *args], env=clean_env(KC_API_KEY=API_KEY),
+                          capture_output=True, text=True, timeout=120, input=input)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_cli_complete_and_chat(url):
+    out = _kc("complete", "--url", url, "--max-tokens", "5", "--temperature", "0", "Hello world").stdout
+    assert out.strip()
+    out = _kc("chat", "--url", url, "--max-tokens", "5", "-m", "hi", "-m", "again").stdout
+    assert len(out.strip().splitlines()) >= 1
+    out = _kc("chat", "--url", url, "--max-tokens", "3", input="hello\n/exit\n").stdout
+    assert "> " in out
+
+
+def test_cli_bench_serve(url):
+    out = _kc("bench", "serve", "--url", url, "-n", "8", "-c", "4", "--max-tokens", "8", "--json").stdout
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["num_failed"] == 0 and summary["output_tokens_per_s"] > 0
+    assert summary["ttft_ms_p50"] > 0 and summary["itl_ms_p99"] >= summary["itl_ms_p50"]
 
 
 # -- shutdown (last: it stops the module's server) ----------------------------------------------------------------

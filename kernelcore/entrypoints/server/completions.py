@@ -15,6 +15,8 @@ from kernelcore.entrypoints.server.protocol import GenerateRequest, make_samplin
 from kernelcore.entrypoints.server.streaming import (ChoiceState, EnginePrompt, check_not_aborted, engine_error,
                                                      final_outputs, merged, stream_events)
 
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
 
 def truncate(token_ids: list[int], request: GenerateRequest, max_model_len: int) -> list[int]:
     k = request.truncate_prompt_tokens
@@ -31,7 +33,7 @@ def engine_prompt(engine: Any, request: GenerateRequest, text: str | None, token
     truncated = truncate(token_ids, request, engine.max_model_len)
     if not truncated:
         raise bad_request("The prompt cannot be empty", "prompt")
-    if text is None or len(truncated) != len(token_ids):
+    if request.echo and (text is None or len(truncated) != len(token_ids)):
         text = engine.tokenizer.decode(truncated)
     params = make_sampling_params(request, len(truncated), engine.max_model_len, default_max_tokens)
     return EnginePrompt(text, truncated, params)
@@ -52,9 +54,9 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     for prompt in req.prompts:
         if isinstance(prompt, str):
             prompts.append(engine_prompt(engine, req, prompt, engine.tokenizer.encode(
-                prompt, add_special_tokens=req.add_special_tokens), req.max_tokens))
+                prompt, add_special_tokens=req.add_special_tokens), DEFAULT_MAX_TOKENS))
         else:
-            prompts.append(engine_prompt(engine, req, None, list(prompt), req.max_tokens))
+            prompts.append(engine_prompt(engine, req, None, list(prompt), DEFAULT_MAX_TOKENS))
     response_id = f"cmpl-{base_request_id(request)}"
     header = {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": model}
     headers = {"X-Request-Id": request.headers.get("X-Request-Id", response_id)}
@@ -75,7 +77,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
             num_completion_tokens += len(token_ids)
             choices.append({
                 "index": prompt_index * req.n + choice.index,
-                "text": (prompt.text if req.echo else "") + text,
+                "text": ((prompt.text or "") if req.echo else "") + text,
                 "logprobs": _logprobs(engine, req, prompt, output, token_ids, entries),
                 "finish_reason": finish_reason, "stop_reason": stop_reason,
                 "prompt_logprobs": _prompt_logprobs(output) if req.prompt_logprobs is not None else None,

@@ -219,7 +219,7 @@ def parse_completion_request(body: Any, limits: Limits, vocab_size: int) -> Gene
     request = _parse_common(body, limits, vocab_size, is_chat=False)
     if body.get("suffix") is not None:
         raise bad_request("suffix is not currently supported", "suffix")
-    request.max_tokens = _check_max_tokens(_get(body, "max_tokens", "int", 16), request.echo, "max_tokens")
+    request.max_tokens = _check_max_tokens(_get(body, "max_tokens", "int"), request.echo, "max_tokens")
     request.logprobs = _get(body, "logprobs", "int")
     _check_logprobs(request.logprobs, limits, "sample", "logprobs")
     request.prompts = _parse_prompt(body.get("prompt"), vocab_size)

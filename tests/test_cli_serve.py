@@ -1,0 +1,47 @@
+"""`kc serve` / `kc bench` command lines (no server started here)."""
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from helpers import run_kc
+from kernelcore.entrypoints.serve import parse_size
+
+
+def test_serve_help_lists_flags_and_env_vars():
+    out = run_kc("serve", "--help").stdout
+    for flag in ("--host", "--port", "--tensor-parallel-size", "--max-model-len", "--block-size", "--max-num-seqs",
+                 "--max-num-batched-tokens", "--kv-cache-memory", "--dtype", "--hf-overrides", "--chat-template",
+                 "--served-model-name", "--api-key", "--enable-prefix-caching", "--no-enable-prefix-caching", "--seed",
+                 "--max-request-body-bytes", "--max-n", "--max-logprobs", "--max-stop-strings",
+                 "--trust-request-chat-template", "--enable-endpoint-plugins", "--shutdown-timeout"):
+        assert flag in out, flag
+    assert "KC_API_KEY" in out and "127.0.0.1" in out
+
+
+def test_platform_can_add_serve_options():
+    out = run_kc("serve", "--help", KC_DUMMY_DEVICE="1").stdout
+    assert "--dummy-flag" in out
+
+
+def test_bench_mounts_serve_and_throughput():
+    out = run_kc("bench", "--help").stdout
+    assert "serve" in out and "throughput" in out
+
+
+def test_bad_hf_overrides_is_a_usage_error():
+    from kernelcore.entrypoints.serve import serve_cmd
+
+    result = CliRunner().invoke(serve_cmd, ["--hf-overrides", "[1]"])
+    assert result.exit_code == 2 and "JSON object" in result.output
+
+
+@pytest.mark.parametrize("text,expected", [("1048576", 1 << 20), ("2GiB", 2 << 30), ("512MB", 512_000_000),
+                                           ("8MiB", 8 << 20), ("1.5KiB", 1536)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_parse_size_rejects_garbage():
+    with pytest.raises(click.BadParameter):
+        parse_size("lots")
