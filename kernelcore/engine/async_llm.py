@@ -44,10 +44,10 @@ class _Tracked:
 class AsyncLLM:
     def __init__(self, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> None:
         from kernelcore.config_builder import load_hf_config
-        from kernelcore.engine.tokenizer import eos_token_id, get_tokenizer
+        from kernelcore.engine.tokenizer import eos_token_id, try_get_tokenizer
 
         self.config = config
-        self.tokenizer = get_tokenizer(config.model.tokenizer or config.model.model)
+        self.tokenizer = try_get_tokenizer(config.model.tokenizer or config.model.model)
         self.eos_token_id = eos_token_id(self.tokenizer, load_hf_config(config.model))
         self.max_model_len = config.model.max_model_len
         self.stat_loggers = list(stat_loggers or [])

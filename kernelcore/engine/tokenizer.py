@@ -39,3 +39,16 @@ def eos_token_id(tokenizer, hf_config=None) -> int | None:
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
     return eos
+
+
+def try_get_tokenizer(path: str):
+    """The tokenizer, or None for a checkpoint without tokenizer files (token-id prompts only, no text)."""
+    import logging
+
+    try:
+        return get_tokenizer(path)
+    except Exception as exc:
+        logging.getLogger("kernelcore.engine").warning(
+            "No tokenizer loaded from %s (%s): only token-id prompts work and outputs have no text",
+            path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
