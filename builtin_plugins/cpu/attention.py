@@ -23,7 +23,7 @@ class CpuAttentionImpl(AttentionImpl):
         v_cache.view(-1, num_kv_heads, head_size).index_copy_(0, metadata.slot_mapping, v)
         if metadata.is_all_decode:
             return self._decode(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
-                                metadata.max_seq_len).view(num_tokens, -1)
+                                metadata.max_seq_len, metadata.scratch).view(num_tokens, -1)
         out = torch.empty_like(q)
         query_lens, seq_lens = metadata.query_lens_list, metadata.seq_lens_list
         starts = metadata.query_start_loc.tolist()
@@ -32,8 +32,11 @@ class CpuAttentionImpl(AttentionImpl):
             idx = torch.tensor(decodes)
             rows = metadata.query_start_loc[idx]
             max_len = max(seq_lens[i] for i in decodes)
-            out[rows] = self._decode(q[rows], k_cache, v_cache, metadata.block_tables[idx],
-                                     metadata.seq_lens[idx], max_len)
+            if "decode_idx" not in metadata.scratch:
+                metadata.scratch["decode_idx"] = (metadata.block_tables[idx], metadata.seq_lens[idx])
+            block_tables, decode_seq_lens = metadata.scratch["decode_idx"]
+            out[rows] = self._decode(q[rows], k_cache, v_cache, block_tables, decode_seq_lens, max_len,
+                                     metadata.scratch)
         block_size = k_cache.shape[1]
         for i, num_q in enumerate(query_lens):
             if num_q == 1:
@@ -68,19 +71,29 @@ class CpuAttentionImpl(AttentionImpl):
             out[s:e] = self._causal(q[s:e], k[s:e], v[s:e])
         return out.view(q.shape[0], -1)
 
-    def _decode(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len):
-        """One query per sequence: gather each sequence's blocks into a padded [B, L] view, mask the tail."""
+    def _decode(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):
+        """One query per sequence. K/V rows are gathered straight into [B, Hkv, L, D] (one copy, rows
+        indexed once per step for all layers), then a masked matmul-softmax-matmul over the padded length."""
         num_seqs, block_size = q.shape[0], k_cache.shape[1]
-        num_blocks = -(-max_seq_len // block_size)
-        blocks = block_tables[:, :num_blocks]
-        keys = k_cache[blocks].flatten(1, 2)  # [B, L, Hkv, D]
-        values = v_cache[blocks].flatten(1, 2)
-        group = self.num_heads // self.num_kv_heads
-        qg = q.view(num_seqs, self.num_kv_heads, group, self.head_size)
-        mask = torch.arange(keys.shape[1])[None, :] < seq_lens[:, None]  # [B, L]
-        o = F.scaled_dot_product_attention(qg, keys.transpose(1, 2), values.transpose(1, 2),
-                                           attn_mask=mask[:, None, None, :], scale=self.scale)
-        return o.reshape(num_seqs, self.num_heads, self.head_size)
+        num_kv_heads, head_size = self.num_kv_heads, self.head_size
+        key = ("decode", num_kv_heads, max_seq_len, block_tables.data_ptr())
+        if key not in scratch:
+            num_blocks = -(-max_seq_len // block_size)
+            length = num_blocks * block_size
+            pos = torch.arange(length)
+            slots = block_tables[:, :num_blocks].repeat_interleave(block_size, dim=1) * block_size + pos % block_size
+            rows = slots[:, None, :] * num_kv_heads + torch.arange(num_kv_heads)[None, :, None]  # [B, Hkv, L]
+            bias = torch.zeros(num_seqs, 1, 1, length, dtype=q.dtype)
+            bias.masked_fill_((pos[None, :] >= seq_lens[:, None])[:, None, None, :], float("-inf"))
+            scratch[key] = (rows.flatten(), bias, length)
+        rows, bias, length = scratch[key]
+        shape = (num_seqs, num_kv_heads, length, head_size)
+        keys = k_cache.view(-1, head_size).index_select(0, rows).view(shape)
+        values = v_cache.view(-1, head_size).index_select(0, rows).view(shape)
+        qg = q.view(num_seqs, num_kv_heads, -1, head_size)  # GQA: a kv head's query group shares its keys
+        scores = torch.matmul(qg, keys.transpose(-1, -2)).mul_(self.scale).add_(bias)
+        out = torch.matmul(torch.softmax(scores, dim=-1), values)
+        return out.view(num_seqs, self.num_heads, head_size)
 
 
 class CpuAttentionBackend(AttentionBackend):

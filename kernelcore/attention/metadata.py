@@ -7,7 +7,7 @@ Sequence i owns query rows ``query_start_loc[i]:query_start_loc[i+1]``: a prefil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,7 @@ class AttentionMetadata:
     seq_lens_list: list[int]
     max_query_len: int
     max_seq_len: int
+    scratch: dict = field(default_factory=dict)  # per-step values a backend computes once and reuses in every layer
 
     @property
     def num_seqs(self) -> int:

@@ -37,8 +37,8 @@ class ModelRunner:
         self.num_blocks = 0
         self._arange = torch.arange(max(config.scheduler.max_num_batched_tokens, config.model.max_model_len or 0) + 1)
 
-    def load_model(self) -> None:
-        self.model = get_model(self.config)
+    def load_model(self, is_dummy: bool = False) -> None:
+        self.model = get_model(self.config, is_dummy=is_dummy)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
 
     def kv_cache_bytes_per_block(self) -> int:

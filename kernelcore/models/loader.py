@@ -124,8 +124,21 @@ def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
     return loaded
 
 
-def get_model(config: KernelConfig) -> nn.Module:
-    """Resolve the architecture in the registry, build it under the config and dtype, load its weights."""
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, std: float = 0.02, seed: int = 0) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0 if name.endswith("weight") else 0.0)
+        else:
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
+    """Resolve the architecture in the registry, build it under the config and dtype, load its weights.
+
+    ``is_dummy``: random weights instead of the checkpoint's (benchmarks; only config.json is needed).
+    """
     from kernelcore.models.registry import model_registry
 
     architecture = config.model.architecture
@@ -134,8 +147,12 @@ def get_model(config: KernelConfig) -> nn.Module:
 
         architecture, _ = model_registry.resolve(list(getattr(load_hf_config(config.model), "architectures", None) or []))
     model_cls = model_registry.get_model_cls(architecture)
-    weight_files(config.model.model)  # fail on missing weights before building anything
+    if not is_dummy:
+        weight_files(config.model.model)  # fail on missing weights before building anything
     with set_current_config(config), default_dtype(get_dtype(config.model.dtype)):
         model = model_cls(config, prefix="")
-        model.load_weights(iterate_weights(config.model.model))
+        if is_dummy:
+            init_dummy_weights(model)
+        else:
+            model.load_weights(iterate_weights(config.model.model))
     return model.eval()
