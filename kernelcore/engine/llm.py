@@ -30,7 +30,8 @@ def _try_tokenizer(path: str):
 class LLM:
     def __init__(self, model: str | None = None, tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  block_size: int | None = None, kv_cache_memory: int | None = None, dtype: str = "float32",
-                 hf_overrides: dict[str, Any] | None = None, seed: int = 0, **kwargs: Any) -> None:
+                 hf_overrides: dict[str, Any] | None = None, seed: int = 0, multiprocess: bool = False,
+                 **kwargs: Any) -> None:
         from kernelcore.config_builder import build_config, load_hf_config
 
         self.config = build_config(model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
@@ -38,9 +39,20 @@ class LLM:
                                    hf_overrides=hf_overrides, seed=seed, **kwargs)
         self.tokenizer = _try_tokenizer(self.config.model.tokenizer or self.config.model.model)
         self.eos_token_id = eos_token_id(self.tokenizer, load_hf_config(self.config.model))
-        self.engine_core = EngineCore(self.config)
+        # multiprocess=True runs the scheduler and model in the engine-core process (the server's topology);
+        # the default keeps them in this process, which needs no `if __name__ == "__main__":` guard.
+        if multiprocess:
+            from kernelcore.engine.core_client import MPEngineCoreClient
+
+            self.engine_core = MPEngineCoreClient(self.config)
+        else:
+            self.engine_core = EngineCore(self.config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the engine (its processes, when multiprocess or tensor parallel)."""
+        self.engine_core.shutdown()
 
     def get_tokenizer(self):
         return self.tokenizer

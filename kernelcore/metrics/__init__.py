@@ -46,3 +46,10 @@ def validate_stat_loggers(named: list[tuple[str, Any]]) -> list[type[StatLoggerB
             raise TypeError(f"Stat logger plugin {name!r} must be a subclass of kernelcore.metrics.StatLoggerBase (got {obj!r})")
         classes.append(obj)
     return classes
+
+
+def make_stat_loggers(config: Any, extra: list[StatLoggerBase] | None = None) -> list[StatLoggerBase]:
+    """The built-in logging logger, any given loggers (e.g. Prometheus), then every stat-logger plugin."""
+    from kernelcore.metrics.logging_logger import LoggingStatLogger
+
+    return [LoggingStatLogger(config), *(extra or []), *(cls(config) for cls in load_stat_logger_plugins())]
