@@ -93,10 +93,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, shutdown_timeout: float,
               **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
-    OpenAI-compatible HTTP API.
-
-    Platform plugins may add options of their own; their values stay in the click context for the platform's
-    ``pre_register_and_update(parser=None)`` call.
+    OpenAI-compatible HTTP API. Platform plugins may add options of their own.
     """
     from kernelcore.config_builder import build_config
     from kernelcore.entrypoints.server.app import ServerOptions
@@ -134,7 +131,7 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
 
     from kernelcore.engine.async_llm import AsyncLLM
     from kernelcore.entrypoints.server.app import STATE, create_app
-    from kernelcore.metrics import load_stat_logger_plugins
+    from kernelcore.metrics import make_stat_loggers
     from kernelcore.metrics.prometheus import PrometheusStatLogger
 
     loop = asyncio.get_running_loop()
@@ -142,7 +139,7 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     prometheus = PrometheusStatLogger(config)
-    stat_loggers = [prometheus] + [cls(config) for cls in load_stat_logger_plugins()]
+    stat_loggers = make_stat_loggers(config, [prometheus])
     logger.info("Starting the engine (loading weights, allocating the KV cache)...")
     engine = await AsyncLLM.create(config, stat_loggers=stat_loggers)
     runner = None
