@@ -1,0 +1,72 @@
+"""Tensor-parallel layers: two gloo ranks produce the single-rank logits (sharded loading, all-reduce, gather)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from conftest_models import make_llama_checkpoint, make_opt_checkpoint
+
+PROMPTS = [[5, 9, 11, 3, 7, 8, 100, 200, 17], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58]]
+
+
+def run_steps(path: str) -> torch.Tensor:
+    """Prefill two prompts, then 4 greedy decode steps; all logits rows stacked."""
+    from kernelcore.config_builder import build_config
+    from kernelcore.executor.model_runner import ModelRunner, SeqBatchEntry
+
+    runner = ModelRunner(build_config(model=path, dtype="float32", block_size=16))
+    runner.load_model()
+    runner.allocate_kv_cache(8)
+    tables = [[0, 1], [2, 3]]
+    logits = runner.execute([SeqBatchEntry(p, 0, t, num_logits=len(p)) for p, t in zip(PROMPTS, tables)])
+    rows, lens = [logits], [len(p) for p in PROMPTS]
+    next_tokens = [logits[len(PROMPTS[0]) - 1].argmax().item(), logits[-1].argmax().item()]
+    for _ in range(4):
+        logits = runner.execute([SeqBatchEntry([tok], n, t) for tok, n, t in zip(next_tokens, lens, tables)])
+        rows.append(logits)
+        next_tokens, lens = logits.argmax(-1).tolist(), [n + 1 for n in lens]
+    return torch.cat(rows)
+
+
+def _worker(rank: int, world_size: int, port: int, path: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from kernelcore.distributed import TorchDistCommunicator, get_tp_group, make_device_communicator, set_tp_group
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    comm = make_device_communicator()  # the CPU platform names TorchDistCommunicator
+    assert isinstance(comm, TorchDistCommunicator) and comm.world_size == world_size
+    set_tp_group(comm)
+    try:
+        logits = run_steps(path)
+        if rank == 0:
+            torch.save(logits, out)
+    finally:
+        set_tp_group(None)
+        dist.destroy_process_group()
+    assert get_tp_group().world_size == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("variant", ["llama-kv1-odd-vocab-tied", "opt-post-norm-proj"])
+def test_two_ranks_match_one_rank(tmp_path, variant):
+    if variant.startswith("llama"):
+        path = make_llama_checkpoint(str(tmp_path / "m"), num_key_value_heads=1, vocab_size=321,
+                                     tie_word_embeddings=True)
+    else:
+        path = make_opt_checkpoint(str(tmp_path / "m"), do_layer_norm_before=False, word_embed_proj_dim=32,
+                                   vocab_size=321)
+    out = str(tmp_path / "tp2.pt")
+    mp.start_processes(_worker, args=(2, _free_port(), path, out), nprocs=2, join=True, start_method="spawn")
+    expected = run_steps(path)
+    torch.testing.assert_close(torch.load(out), expected, atol=2e-4, rtol=1e-4)
