@@ -98,10 +98,12 @@ def test_greedy_matches_transformers(llama_path):
 
 
 def test_preemption_tiny_cache_same_greedy(llama_path):
-    prompts = [{"prompt_token_ids": [1] + list(range(10 + i, 30 + 3 * i))} for i in range(6)]
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [1] + list(range(10 + i, 22 + 2 * i))} for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     big = LLM(llama_path, kv_cache_memory=4 << 20, block_size=8).generate(prompts, params, use_tqdm=False)
-    tiny_llm = LLM(llama_path, kv_cache_memory=24 * 8 * 2 * 2 * 2 * 16 * 4, block_size=8)  # 24 blocks
+    block_bytes = 2 * 2 * 8 * 2 * 16 * 4  # layers * (k, v) * block_size * kv heads * head size * fp32
+    tiny_llm = LLM(llama_path, kv_cache_memory=20 * block_bytes, block_size=8)
+    assert tiny_llm.engine_core.num_blocks == 20
     tiny = tiny_llm.generate(prompts, params, use_tqdm=False)
     assert tiny_llm.engine_core.scheduler.num_preemptions_total > 0
     assert [o.outputs[0].token_ids for o in tiny] == [o.outputs[0].token_ids for o in big]
