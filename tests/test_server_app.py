@@ -164,3 +164,15 @@ def test_plugin_routes_need_the_api_key(endpoint_plugins):
         return (await client.get("/plugins/good/hello")).status
 
     assert run(FakeEngine(), ServerOptions(enable_endpoint_plugins=True, api_key="k"), body) == 401
+
+
+def test_stream_error_before_first_output_is_plain_json():
+    engine = FakeEngine(fail_after=0)
+
+    async def body(client):
+        r = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True})
+        return r.status, r.content_type
+
+    engine.tokenizer = type("Tok", (), {"chat_template": "{{ 'x' }}", "encode": lambda self, text, **kw: [1, 2],
+                                        "apply_chat_template": lambda self, messages, **kw: "x"})()
+    assert run(engine, ServerOptions(), body) == (500, "application/json")

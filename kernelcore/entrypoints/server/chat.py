@@ -118,12 +118,15 @@ async def _events(engine: Any, req: GenerateRequest, prompt: EnginePrompt, role:
             event["usage"] = usage(num_prompt_tokens, sum(num_completion_tokens.values()))
         return event
 
-    for index in range(req.n):
-        yield chunk(index, {"role": role, "content": ""})
-        if echo:
-            yield chunk(index, {"content": echo})
     states = [ChoiceState() for _ in range(req.n)]
+    is_started = False
     async for _, output in merged(engine, response_id, [prompt]):
+        if not is_started:  # role chunks once the engine has answered, so engine errors stay plain HTTP errors
+            is_started = True
+            for index in range(req.n):
+                yield chunk(index, {"role": role, "content": ""})
+                if echo:
+                    yield chunk(index, {"content": echo})
         for choice in output.outputs:
             state = states[choice.index]
             if state.is_finished:

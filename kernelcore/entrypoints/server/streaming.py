@@ -30,10 +30,7 @@ def engine_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ValueError):  # admission: the request can never be served
         return APIError(str(exc), 400)
-    name = type(exc).__name__
-    if name == "EngineDeadError":
-        return APIError(f"The engine is dead: {exc}", 500)
-    return APIError(str(exc) or name, 500)
+    return APIError(str(exc) or type(exc).__name__, 500)  # EngineDeadError, RequestError
 
 
 async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIterator[RequestOutput]:
@@ -138,10 +135,23 @@ class SSEWriter:
 
 async def stream_events(request: web.Request, headers: dict[str, str],
                         events: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
-    """Send each event; a failure after the first byte becomes an SSE error event, then ``[DONE]``."""
+    """Send each event; a failure after the first byte becomes an SSE error event, then ``[DONE]``.
+
+    The first event is awaited before the headers go out, so an engine that is dead or rejects the
+    request still gets a plain JSON error with its status.
+    """
+    try:
+        first = await events.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except Exception as exc:
+        await events.aclose()
+        raise engine_error(exc) from exc
     writer = SSEWriter(request, headers)
     await writer.start()
     try:
+        if first is not None:
+            await writer.send(first)
         async for event in events:
             await writer.send(event)
     except (ConnectionError, asyncio.CancelledError):
