@@ -385,7 +385,7 @@ def test_disconnect_aborts(url, client, model):
     _wait_idle(url)
     # a non-streaming request whose client gives up
     with pytest.raises(openai.APITimeoutError):
-        client.with_options(timeout=0.5).completions.create(model=model, prompt="Once upon a time", max_tokens=200,
+        client.with_options(timeout=0.3).completions.create(model=model, prompt="Once upon a time", max_tokens=240,
                                                             extra_body={"ignore_eos": True})
     _wait_idle(url)
     assert client.completions.create(model=model, prompt="hi", max_tokens=2).choices[0].text is not None

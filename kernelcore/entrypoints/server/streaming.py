@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -52,6 +53,7 @@ async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIt
 
 async def merged(engine: Any, base_id: str, prompts: list[EnginePrompt]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of every prompt as they come, tagged with the prompt index; cancels (and aborts) all on exit."""
+    base_id = f"{base_id}-{uuid.uuid4().hex[:8]}"  # clients may reuse X-Request-Id; engine ids must not collide
     if len(prompts) == 1:
         async for output in iterate(engine, f"{base_id}-0", prompts[0]):
             yield 0, output
