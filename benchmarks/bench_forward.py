@@ -1,6 +1,6 @@
 """One decode step of 125M-class OPT and Llama shapes vs the time of just their weight matmuls.
 
-    python benchmarks/bench_forward.py [--batch 1 8 32 128] [--dtype float32 bfloat16] [--iters 10]
+    python benchmarks/bench_forward.py [--batch 1 8 32 128] [--dtype float32 bfloat16] [--iters 10] [--threads 1]
 
 Random weights, every sequence at context ~128 in the paged cache (block size 16).
 "roofline" = the same step's weight matmuls alone (F.linear on [batch, in] inputs, LM head included),
@@ -88,7 +88,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1 by default: on a shared, oversubscribed machine OpenMP barriers "
+                             "make multi-threaded timings meaningless)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for shape in args.model:
         for dtype in args.dtype:

@@ -87,12 +87,18 @@ class CpuAttentionImpl(AttentionImpl):
             bias.masked_fill_((pos[None, :] >= seq_lens[:, None])[:, None, None, :], float("-inf"))
             scratch[key] = (rows.flatten(), bias, length)
         rows, bias, length = scratch[key]
-        shape = (num_seqs, num_kv_heads, length, head_size)
-        keys = k_cache.view(-1, head_size).index_select(0, rows).view(shape)
-        values = v_cache.view(-1, head_size).index_select(0, rows).view(shape)
         qg = q.view(num_seqs, num_kv_heads, -1, head_size)  # GQA: a kv head's query group shares its keys
-        scores = torch.matmul(qg, keys.transpose(-1, -2)).mul_(self.scale).add_(bias)
-        out = torch.matmul(torch.softmax(scores, dim=-1), values)
+        out = torch.empty_like(qg)
+        # Sequences in groups whose gathered K/V stay in cache (~2 MiB) between the gather and the matmuls.
+        group = max(1, (2 << 20) // (2 * num_kv_heads * length * head_size * q.element_size()))
+        rows = rows.view(num_seqs, -1)
+        for s in range(0, num_seqs, group):
+            e = min(s + group, num_seqs)
+            shape = (e - s, num_kv_heads, length, head_size)
+            keys = k_cache.view(-1, head_size).index_select(0, rows[s:e].flatten()).view(shape)
+            values = v_cache.view(-1, head_size).index_select(0, rows[s:e].flatten()).view(shape)
+            scores = torch.matmul(qg[s:e], keys.transpose(-1, -2)).mul_(self.scale).add_(bias[s:e])
+            torch.matmul(torch.softmax(scores, dim=-1), values, out=out[s:e])
         return out.view(num_seqs, self.num_heads, head_size)
 
 
