@@ -61,3 +61,104 @@ class KernelTable:
 
 
 kernel_table = KernelTable()
+
+
+def trace_winners() -> None:
+    """Write the implementation in use for each kernel to the plugin trace (end of a worker's start-up)."""
+    from kernelcore import envs, plugins
+
+    winners = kernel_table.winners()
+    owners = sorted({e.owner for e in kernel_table._entries.values()})
+    plugins.trace_event(envs.KC_TRACE_PLUGINS, hook="kernel_table", plugins=owners, result=winners, ok=True)
+
+
+# -- the named kernels: their contract and torch reference implementations ------------------------------
+#
+# paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+#                 max_seq_len, scale, out=None) -> out
+#     query [T, H, D]; caches [num_blocks, block_size, Hkv, D]; sequence i owns query rows
+#     query_start_loc[i]:query_start_loc[i+1], the last of its seq_lens[i] positions (a decode token or a
+#     prefill chunk starting mid-sequence), and attends causally to the keys the cache holds for it.
+# reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None
+#     key/value [T, Hkv, D]: row t is written at cache slot slot_mapping[t] (block * block_size + offset);
+#     a negative slot is skipped.
+# rms_norm(x, weight, eps) -> out
+# fused_add_rms_norm(x, residual, weight, eps) -> (out, residual): residual += x in place, then its RMSNorm.
+# rotary_embedding(positions, query, key, cos_sin_cache, head_size, rotary_dim) -> (query, key)
+#     neox-style rotation in place of query [T, H*D] and key [T, Hkv*D]; cos_sin_cache [max_pos, rotary_dim]
+#     holds the cosines of the rotary_dim/2 frequencies, then the sines.
+# silu_and_mul(x) -> silu(x[..., :d]) * x[..., d:]
+
+
+def torch_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+                          max_seq_len, scale, out=None):
+    import torch
+    import torch.nn.functional as F
+
+    out = torch.empty_like(query) if out is None else out
+    block_size, num_heads, num_kv_heads = key_cache.shape[1], query.shape[1], key_cache.shape[2]
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        s, e = starts[i], starts[i + 1]
+        if e == s:
+            continue
+        blocks = block_tables[i, : -(-seq_len // block_size)]
+        keys = key_cache[blocks].flatten(0, 1)[:seq_len]
+        values = value_cache[blocks].flatten(0, 1)[:seq_len]
+        pos = torch.arange(seq_len - (e - s), seq_len, device=query.device)
+        mask = torch.arange(seq_len, device=query.device)[None, :] <= pos[:, None]
+        o = F.scaled_dot_product_attention(query[s:e].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                                           attn_mask=mask, scale=scale, enable_gqa=num_heads != num_kv_heads)
+        out[s:e] = o.transpose(0, 1)
+    return out
+
+
+def torch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slots, key[keep].to(key_cache.dtype))
+    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slots, value[keep].to(value_cache.dtype))
+
+
+def torch_rms_norm(x, weight, eps):
+    import torch
+
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def torch_fused_add_rms_norm(x, residual, weight, eps):
+    residual.add_(x)
+    return torch_rms_norm(residual, weight, eps), residual
+
+
+def torch_rotary_embedding(positions, query, key, cos_sin_cache, head_size, rotary_dim):
+    import torch
+
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+    half = rotary_dim // 2
+    for x in (query, key):
+        x = x.view(x.shape[0], -1, head_size)
+        x1, x2 = x[..., :half], x[..., half:rotary_dim]
+        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        x[..., :rotary_dim] = rotated
+    return query, key
+
+
+def torch_silu_and_mul(x):
+    import torch.nn.functional as F
+
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+TORCH_REFERENCE_KERNELS = {
+    "paged_attention": torch_paged_attention,
+    "reshape_and_cache": torch_reshape_and_cache,
+    "rms_norm": torch_rms_norm,
+    "fused_add_rms_norm": torch_fused_add_rms_norm,
+    "rotary_embedding": torch_rotary_embedding,
+    "silu_and_mul": torch_silu_and_mul,
+}
+"""name -> torch implementation: the CPU platform's overrides, and the reference the Triton kernels are tested against."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 def override_with_torch(kernels) -> None:
     from kernelcore import kernels as core_kernels
 
-    for name, fn in getattr(core_kernels, "TORCH_REFERENCE_KERNELS", {}).items():
+    for name, fn in core_kernels.TORCH_REFERENCE_KERNELS.items():
         if kernels.has(name):
             kernels.override(name, fn, owner="cpu")
+    if kernels is core_kernels.kernel_table:
+        core_kernels.trace_winners()  # the plugin trace shows which implementation won in this worker
