@@ -1,0 +1,8 @@
+from builtin_plugins.cpu.worker import CpuWorker
+from kernelcore.kernels import trace_winners
+
+
+class TritonInterpWorker(CpuWorker):
+    def load_model(self) -> None:
+        super().load_model()
+        trace_winners()  # no platform override: the Triton kernels win
