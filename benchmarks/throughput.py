@@ -84,17 +84,16 @@ class PeakRss:
         self.thread.join()
 
 
-def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_batched_tokens: int) -> dict:
+def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_batched_tokens: int,
+                   kv_cache_memory: int = 2 << 30) -> dict:
     from kernelcore import LLM, SamplingParams
 
-    max_len = max(len(p) + n for p, n in workload)
-    llm = LLM(path, dtype=dtype, max_model_len=2048, kv_cache_memory=2 << 30, max_num_seqs=max_num_seqs,
+    llm = LLM(path, dtype=dtype, max_model_len=2048, kv_cache_memory=kv_cache_memory, max_num_seqs=max_num_seqs,
               max_num_batched_tokens=max_num_batched_tokens)
     llm.generate([{"prompt_token_ids": workload[0][0][:16]}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     llm.engine_core.reset_prefix_cache()
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
-    del max_len
     with PeakRss() as mem:
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -153,8 +152,7 @@ def flops_per_token(path: str) -> float:
             with safe_open(os.path.join(path, name), "pt") as f:
                 for key in f.keys():
                     if "embed_tokens" not in key and "embed_positions" not in key:
-                        num_params += f.get_slice(key).get_shape().numel() if hasattr(f.get_slice(key).get_shape(), "numel") \
-                            else _numel(f.get_slice(key).get_shape())
+                        num_params += _numel(f.get_slice(key).get_shape())
     return 2.0 * num_params
 
 
@@ -183,19 +181,24 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
     workloads = ["uniform", "mixed", "shared-prefix"] if workload == "all" else [workload]
     root = checkpoint_dir or tempfile.mkdtemp(prefix="kc-bench-")
     peak = matmul_peak_gflops(dtype)
-    click.echo(f"threads={torch.get_num_threads()} dtype={dtype} matmul peak (64x768x3072) {peak:.0f} GFLOP/s")
+    click.echo(f"threads={torch.get_num_threads()} dtype={dtype} matmul peak (64x768x3072) {peak:.0f} GFLOP/s "
+               f"(ratios: median over {num_runs} interleaved kernelcore/transformers pairs)")
     results = []
     for s in shapes:
         path = build_checkpoint(s, root)
         flops = flops_per_token(path)
         for w in workloads:
             work = make_workload(w, SHAPES[s]["vocab_size"], quick)
-            kc_runs = [run_kernelcore(path, work, dtype, max_num_seqs, max_num_batched_tokens) for _ in range(num_runs)]
-            hf_runs = [] if skip_hf else [run_transformers(path, work, dtype) for _ in range(num_runs)]
+            kc_runs, hf_runs = [], []
+            for _ in range(num_runs):  # interleaved, so both see the same machine load
+                kc_runs.append(run_kernelcore(path, work, dtype, max_num_seqs, max_num_batched_tokens))
+                if not skip_hf:
+                    hf_runs.append(run_transformers(path, work, dtype))
             kc = statistics.median(r["tokens_per_s"] for r in kc_runs)
             hf = statistics.median(r["tokens_per_s"] for r in hf_runs) if hf_runs else float("nan")
+            ratio = statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(kc_runs, hf_runs)) if hf_runs else None
             row = dict(shape=s, workload=w, dtype=dtype, quick=quick, num_requests=len(work),
-                       kernelcore_tokens_per_s=kc, transformers_tokens_per_s=hf, ratio=kc / hf if hf_runs else None,
+                       kernelcore_tokens_per_s=kc, transformers_tokens_per_s=hf, ratio=ratio,
                        kernelcore_peak_rss_gib=max(r["peak_rss_gib"] for r in kc_runs),
                        transformers_peak_rss_gib=max(r["peak_rss_gib"] for r in hf_runs) if hf_runs else None,
                        prefix_hit_rate=kc_runs[0]["prefix_hit_rate"],
