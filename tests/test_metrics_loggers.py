@@ -73,8 +73,6 @@ def test_engine_feeds_every_stat_logger_each_step(tmp_path):
 def test_environment_is_frozen_after_start_up(monkeypatch):
     from kernelcore import envs
 
-    was_frozen = envs.is_frozen()  # an in-process engine earlier in this session freezes it
-    envs.unfreeze()
     monkeypatch.setenv("KC_PLUGINS", "a")
     assert envs.KC_PLUGINS == ["a"]
     envs.freeze()
@@ -84,6 +82,3 @@ def test_environment_is_frozen_after_start_up(monkeypatch):
     finally:
         envs.unfreeze()
     assert envs.KC_PLUGINS == ["b", "c"]
-    if was_frozen:
-        monkeypatch.delenv("KC_PLUGINS")
-        envs.freeze()
