@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.custom_op import CustomOp
+from kernelcore.kernels import kernel_table
 
 
 @CustomOp.register("rms_norm")
@@ -36,6 +37,11 @@ class RMSNorm(CustomOp):
             x = residual
         out = F.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
         return out if residual is None else (out, residual)
+
+    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return kernel_table.get("rms_norm")(x, self.weight, self.eps)
+        return kernel_table.get("fused_add_rms_norm")(x, residual, self.weight, self.eps)
 
 
 @CustomOp.register("layer_norm")

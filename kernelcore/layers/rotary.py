@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from kernelcore.custom_op import CustomOp
+from kernelcore.kernels import kernel_table
 
 
 def _inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
@@ -86,6 +87,11 @@ class RotaryEmbedding(CustomOp):
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         out = self._rotate(q.as_strided((q.shape[0], n + k.shape[-1]), q.stride()), cos, sin)
         return out[:, :n], out[:, n:]
+
+    def forward_cuda(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        # In place on q and k (column slices of the qkv output).
+        return kernel_table.get("rotary_embedding")(positions, q, k, self.cos_sin_cache, self.head_size,
+                                                    self.rotary_dim)
 
 
 def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,

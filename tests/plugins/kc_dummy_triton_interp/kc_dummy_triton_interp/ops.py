@@ -1,4 +1,5 @@
-from kernelcore.kernels import kernel_table
+"""The in-tree ops' forward_oot runs their forward_cuda: the kernel table's (Triton) kernels, on host tensors."""
+
 from kernelcore.layers.activation import SiluAndMul
 from kernelcore.layers.norm import RMSNorm
 from kernelcore.layers.rotary import RotaryEmbedding
@@ -7,19 +8,16 @@ from kernelcore.layers.rotary import RotaryEmbedding
 @RMSNorm.register_oot
 class TritonRMSNorm(RMSNorm):
     def forward_oot(self, x, residual=None):
-        if residual is None:
-            return kernel_table.get("rms_norm")(x, self.weight, self.eps)
-        return kernel_table.get("fused_add_rms_norm")(x, residual, self.weight, self.eps)
+        return self.forward_cuda(x, residual)
 
 
 @RotaryEmbedding.register_oot
 class TritonRotaryEmbedding(RotaryEmbedding):
     def forward_oot(self, positions, q, k):
-        return kernel_table.get("rotary_embedding")(positions, q, k, self.cos_sin_cache, self.head_size,
-                                                    self.rotary_dim)
+        return self.forward_cuda(positions, q, k)
 
 
 @SiluAndMul.register_oot
 class TritonSiluAndMul(SiluAndMul):
     def forward_oot(self, x):
-        return kernel_table.get("silu_and_mul")(x)
+        return self.forward_cuda(x)
