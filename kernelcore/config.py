@@ -62,6 +62,7 @@ class KernelConfig:
     custom_ops: list[str] = field(default_factory=list)  # "all"/"none" + "+name"/"-name"
     device_type: str = "cpu"
     platform_plugin: str | None = None  # entry-point name of the resolved platform
+    plugin_options: dict[str, Any] = field(default_factory=dict)  # CLI options plugins added (pre_register_and_update)
 
     def for_rank(self, rank: int) -> "KernelConfig":
         return dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, rank=rank))

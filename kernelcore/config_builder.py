@@ -61,6 +61,7 @@ def build_config(**kwargs: Any) -> KernelConfig:
     if isinstance(kwargs.get("hf_overrides"), str):
         kwargs["hf_overrides"] = json.loads(kwargs["hf_overrides"])
     custom_ops = list(kwargs.pop("custom_ops", None) or [])
+    plugin_options = dict(kwargs.pop("plugin_options", None) or {})
     if kwargs.get("block_size") is not None:
         kwargs["is_block_size_user_set"] = True
     model = ModelConfig(**_split(kwargs, ModelConfig))
@@ -88,7 +89,7 @@ def build_config(**kwargs: Any) -> KernelConfig:
         model.served_model_name = os.path.basename(model.model.rstrip("/")) or model.model
 
     config = KernelConfig(model=model, cache=cache, parallel=parallel, scheduler=scheduler, lora=lora,
-                          custom_ops=custom_ops, device_type=current_platform.device_type,
+                          custom_ops=custom_ops, device_type=current_platform.device_type, plugin_options=plugin_options,
                           platform_plugin=current_platform.plugin_name)
     pm.hook.apply_config_platform_defaults(config=config)
     pm.hook.check_and_update_config(config=config)

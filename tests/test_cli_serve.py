@@ -24,6 +24,11 @@ def test_platform_can_add_serve_options():
     assert "--dummy-flag" in out
 
 
+def test_platform_option_value_reaches_the_platform_through_the_config():
+    proc = run_kc("serve", "--dummy-flag", "refuse", "--port", "0", check=False, KC_DUMMY_DEVICE="1")
+    assert proc.returncode != 0 and "DummyPlatform refuses --dummy-flag=refuse" in proc.stderr
+
+
 def test_bench_mounts_serve_and_throughput():
     out = run_kc("bench", "--help").stdout
     assert "serve" in out and "throughput" in out

@@ -111,7 +111,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
         hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
-        enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template)
+        enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
+        plugin_options=platform_options)
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,

@@ -20,6 +20,8 @@ class DummyPlatform(Platform):
         if os.environ.get("KC_DUMMY_LEAVE_AUTO") != "1" and config.parallel.worker_cls == "auto":
             config.parallel.worker_cls = "kc_dummy_platform.worker.DummyWorker"
         config.custom_ops = ["all"]
+        if config.plugin_options.get("dummy_flag") == "refuse":  # its own CLI option reaches it through the config
+            raise ValueError("DummyPlatform refuses --dummy-flag=refuse")
 
     @hookimpl
     def get_attn_backend_cls(self, selector):
