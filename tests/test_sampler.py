@@ -120,3 +120,18 @@ def test_params_validation():
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert SamplingParams(stop="x").stop == ["x"]
+
+
+def test_logit_bias_forces_and_bans_and_allowed_token_ids_restrict():
+    from kernelcore.engine.sampler import Sampler, build_metadata
+    from kernelcore.engine.sampling_params import SamplingParams
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    top = int(logits[1].argmax())
+    params = [SamplingParams(temperature=0, logit_bias={7: 100.0}),
+              SamplingParams(temperature=0, logit_bias={top: -100.0}),
+              SamplingParams(temperature=1.0, allowed_token_ids=[3, 4])]
+    for _ in range(20):
+        out = Sampler()(logits.clone(), build_metadata(params, [None] * 3, 50)).sampled_token_ids.tolist()
+        assert out[0] == 7 and out[1] != top and out[2] in (3, 4)

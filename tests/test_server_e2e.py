@@ -203,6 +203,20 @@ def test_stop_token_ids(client, model):
     assert out.usage.completion_tokens == k + 1
 
 
+def test_logit_bias_and_allowed_token_ids(client, model):
+    base = dict(model=model, prompt="The capital of France", max_tokens=6, **greedy())
+    extra = {"ignore_eos": True, "return_tokens_as_token_ids": True}
+
+    def ids(**kw):
+        out = client.completions.create(**base, logprobs=0, extra_body={**extra, **kw.pop("extra", {})}, **kw)
+        return [int(t.split(":")[1]) for t in out.choices[0].logprobs.tokens]
+
+    plain = ids()
+    assert set(ids(logit_bias={"7": 100})) == {7}
+    assert plain[0] not in ids(logit_bias={str(plain[0]): -100})
+    assert set(ids(extra={"allowed_token_ids": [11, 12]})) <= {11, 12}
+
+
 def test_completion_logprobs_and_echo(client, model):
     base = dict(model=model, prompt="Hello world", max_tokens=4, **greedy())
     assert client.completions.create(**base).choices[0].logprobs is None

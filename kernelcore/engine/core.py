@@ -40,9 +40,11 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; raises RequestRejected (a ValueError) when it can never be served."""
-        if request.prompt_token_ids and not 0 <= min(request.prompt_token_ids) <= max(request.prompt_token_ids) < self.vocab_size:
-            bad = next(t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size)
-            raise RequestRejected(f"Token id {bad} is out of vocabulary (vocab size {self.vocab_size})")
+        params = request.sampling_params
+        for ids in (request.prompt_token_ids, params.stop_token_ids, params.allowed_token_ids, params.logit_bias):
+            bad = [t for t in ids or () if not 0 <= t < self.vocab_size]
+            if bad:
+                raise RequestRejected(f"Token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:

@@ -28,6 +28,8 @@ class SamplingMetadata:
     output_token_ids: list[list[int]] = field(default_factory=list)
     min_tokens_masks: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, token ids to forbid)
     has_min_tokens: bool = False
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, token ids, biases)
+    disallowed_mask: torch.Tensor | None = None  # [B, V] True where allowed_token_ids forbids the token
 
     @property
     def has_penalties(self) -> bool:
@@ -57,7 +59,29 @@ def build_metadata(params: list[SamplingParams], generators: list[torch.Generato
         frequency_penalty=torch.tensor([p.frequency_penalty for p in params]) if has_penalties else None,
         repetition_penalty=torch.tensor([p.repetition_penalty for p in params]) if has_penalties else None,
         has_min_tokens=any(p.min_tokens for p in params),
+        logit_bias=_logit_bias(params),
+        disallowed_mask=_disallowed_mask(params, vocab_size),
     )
+
+
+def _logit_bias(params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    entries = [(row, token_id, max(-100.0, min(100.0, bias)))
+               for row, p in enumerate(params) for token_id, bias in (p.logit_bias or {}).items()]
+    if not entries:
+        return None
+    rows, ids, biases = zip(*entries)
+    return torch.tensor(rows), torch.tensor(ids), torch.tensor(biases, dtype=torch.float32)
+
+
+def _disallowed_mask(params: list[SamplingParams], vocab_size: int) -> torch.Tensor | None:
+    if not any(p.allowed_token_ids for p in params):
+        return None
+    mask = torch.zeros(len(params), vocab_size, dtype=torch.bool)
+    for row, p in enumerate(params):
+        if p.allowed_token_ids:
+            mask[row] = True
+            mask[row, torch.tensor(p.allowed_token_ids)] = False
+    return mask
 
 
 @dataclass
@@ -129,6 +153,11 @@ class Sampler:
             rows = [r for r, ids in md.min_tokens_masks for _ in ids]
             cols = [t for _, ids in md.min_tokens_masks for t in ids]
             logits = logits.index_put((torch.tensor(rows), torch.tensor(cols)), torch.tensor(float("-inf")))
+        if md.logit_bias is not None:
+            rows, cols, biases = md.logit_bias
+            logits = logits.index_put((rows, cols), biases, accumulate=True)
+        if md.disallowed_mask is not None:
+            logits = logits.masked_fill(md.disallowed_mask, float("-inf"))
         if md.is_all_greedy:
             sampled = logits.argmax(dim=-1)
         else:

@@ -24,6 +24,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     ignore_eos: bool = False
     logprobs: int | None = None  # top-k logprobs of each sampled token (0 = the sampled token only)
     prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (clamped to [-100, 100])
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     output_kind: str = "cumulative"  # "cumulative" | "delta" | "final_only"
@@ -56,6 +58,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
              f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}"),
             (self.seed is None or -MAX_SEED - 1 <= self.seed <= MAX_SEED, f"seed must fit in int64, got {self.seed}"),
             (self.output_kind in ("cumulative", "delta", "final_only"), f"unknown output_kind {self.output_kind!r}"),
+            (self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "allowed_token_ids must not be empty"),
         ]
         for is_ok, message in checks:
             if not is_ok:
