@@ -168,3 +168,23 @@ def test_trace_of_a_tp2_start_shows_every_process_in_order(llama_dir, tmp_path):
     for role in ("frontend", "engine-core", "worker-0", "worker-1"):
         assert role in tour
     assert "register_triton_kernel_overrides" in tour
+
+
+def test_a_worker_that_fails_to_start_is_a_clear_error_and_leaves_no_process(llama_dir):
+    proc = run_python(f"""
+        import psutil
+        from kernelcore.config_builder import build_config
+        from kernelcore.engine.core import EngineCore
+        from kernelcore.hostproc import ProcessStartError
+        if __name__ == "__main__":
+            config = build_config(model={llama_dir!r}, tensor_parallel_size=2, kv_cache_memory=1 << 24)
+            config.parallel.worker_cls = "no_such_vendor.worker.Worker"
+            try:
+                EngineCore(config)
+            except ProcessStartError as exc:
+                print("ERROR:", exc)
+            left = [p for p in psutil.Process().children(recursive=True) if "kc::" in " ".join(p.cmdline())]
+            print("LEFT:", len(left))
+    """)
+    assert "ERROR: process worker-" in proc.stdout and "no_such_vendor" in proc.stdout
+    assert "LEFT: 0" in proc.stdout
