@@ -107,6 +107,7 @@ class LlamaForCausalLM(nn.Module):
     supports_tensor_parallel = True
     supports_lora = True
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    supported_lora_modules = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
     stacked_params_mapping = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
                               ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
 

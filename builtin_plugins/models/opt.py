@@ -106,6 +106,7 @@ class OPTForCausalLM(nn.Module):
     supports_tensor_parallel = True
     supports_lora = True
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    supported_lora_modules = ["qkv_proj", "out_proj", "fc1", "fc2"]
     stacked_params_mapping = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v")]
 
     def __init__(self, config: KernelConfig, prefix: str = "") -> None:

@@ -21,7 +21,7 @@ class SeqBatchEntry:
     num_computed_tokens: int  # tokens of this sequence already in the KV cache = position of token_ids[0]
     block_table: list[int]  # the sequence's KV block ids, covering num_computed_tokens + len(token_ids)
     num_logits: int = 1  # trailing positions needing logits: 0, 1, or len(token_ids) (prompt logprobs)
-    lora_id: int = 0  # reserved for LoRA
+    lora_id: int = 0  # engine LoRA id (0 = the base model)
 
 
 class ModelRunner:
@@ -32,6 +32,7 @@ class ModelRunner:
         self.dtype = get_dtype(config.model.dtype)
         self.block_size = config.cache.block_size
         self.model = None
+        self.lora_manager = None
         self.attn_layers: list[Attention] = []
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
@@ -40,6 +41,10 @@ class ModelRunner:
     def load_model(self, is_dummy: bool = False) -> None:
         self.model = get_model(self.config, is_dummy=is_dummy)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        if self.config.lora.enable_lora:
+            from kernelcore.lora.manager import LoRAModelManager
+
+            self.lora_manager = LoRAModelManager(self.model, self.config)
 
     def kv_cache_bytes_per_block(self) -> int:
         element_size = torch.empty((), dtype=self.dtype).element_size()
@@ -91,7 +96,7 @@ class ModelRunner:
         logits_idx = query_start_loc[1:][row_seq] - num_logits[row_seq] + (self._arange_to(total_logits) - logits_start[row_seq])
         lora_ids = None
         if any(e.lora_id for e in entries):
-            lora_ids = torch.tensor([e.lora_id for e in entries])[seq_idx]
+            lora_ids = torch.tensor(self.lora_manager.activate([e.lora_id for e in entries]))[seq_idx]
         return input_ids, positions, metadata, logits_idx, lora_ids
 
     @torch.inference_mode()

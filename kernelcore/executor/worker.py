@@ -89,6 +89,16 @@ class WorkerBase:
         self.config.cache.num_blocks = num_blocks
         self.model_runner.allocate_kv_cache(num_blocks)
 
+    def add_lora(self, lora_id: int, path: str) -> None:
+        """Register an adapter directory; each rank reads it from disk when a step first needs it."""
+        if self.model_runner.lora_manager is None:
+            raise RuntimeError("LoRA is not enabled (enable_lora=False)")
+        self.model_runner.lora_manager.add_lora(lora_id, path)
+
+    def remove_lora(self, lora_id: int) -> None:
+        if self.model_runner.lora_manager is not None:
+            self.model_runner.lora_manager.remove_lora(lora_id)
+
     # -- one step ------------------------------------------------------------------------------------------
 
     def _update_states(self, so: SchedulerOutput) -> None:
