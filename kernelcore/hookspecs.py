@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kernelcore.attention.selector import AttentionSelector
     from kernelcore.config import KernelConfig
     from kernelcore.kernels import KernelTable
+    from kernelcore.lora.resolver import LoRAResolverRegistry
     from kernelcore.models.registry import ModelRegistry
 
 hookspec = pluggy.HookspecMarker("kernelcore")
@@ -228,4 +229,25 @@ def register_endpoints(app: Any, engine: Any) -> Any:
     :returns: None, or an awaitable that is awaited before the server starts.
 
     Called in: the front-end process, once, when ``kc serve`` builds the app.
+    """
+
+
+# -- LoRA (general hooks) ----------------------------------------------------------
+
+
+@hookspec
+def register_lora_resolvers(registry: LoRAResolverRegistry) -> None:
+    """Contribute resolvers that map an unknown model name to a local LoRA adapter directory.
+
+    Call ``registry.register(name, resolver, order=50)``; ``resolver.resolve_lora(base_model_name,
+    lora_name)`` (plain or ``async``) returns a directory holding ``adapter_config.json``, or None to pass.
+    Resolvers are tried by ascending ``order``, ties by name; the built-in plugin ``lora`` registers
+    ``filesystem`` (``KC_LORA_RESOLVER_DIR``, order 10) and ``hf_hub`` (``KC_LORA_HF_REPOS``, order 90).
+    Registering a name twice raises. A plugin whose hook raises is logged and skipped; a resolver that
+    raises fails that lookup with HTTP 400 naming the resolver and the adapter.
+
+    :param registry: a fresh :class:`~kernelcore.lora.resolver.LoRAResolverRegistry`.
+
+    Called in: the front-end process, on every lookup of an unknown model name (``kc serve`` with
+    ``--enable-lora --allow-runtime-lora-updating``); the registry is rebuilt each time, never snapshotted.
     """
