@@ -37,7 +37,12 @@ class Reply(msgspec.Struct, tag="reply"):
     error: str | None = None
 
 
-WorkerRequest = Union[Call, Execute]
+class LoraCall(msgspec.Struct, tag="lora"):
+    lora_id: int
+    path: str | None = None  # None removes the adapter; each rank reads the directory itself
+
+
+WorkerRequest = Union[Call, Execute, LoraCall]
 
 
 class WorkerDiedError(RuntimeError):
@@ -115,6 +120,12 @@ class MultiprocExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self._call_all(Execute(scheduler_output))[0]
 
+    def add_lora(self, lora_id: int, path: str) -> None:
+        self._call_all(LoraCall(lora_id, path))
+
+    def remove_lora(self, lora_id: int) -> None:
+        self._call_all(LoraCall(lora_id))
+
     def check_health(self) -> None:
         for rank, worker in enumerate(self.workers):
             if not worker.is_alive():
@@ -147,6 +158,12 @@ def worker_main(config: KernelConfig, rank: int, init_method: str, socket_path: 
             if isinstance(message, Execute):
                 output = worker.execute_model(message.scheduler_output)
                 channel.send(Reply(output=output if rank == 0 else None))
+            elif isinstance(message, LoraCall):
+                if message.path is None:
+                    worker.remove_lora(message.lora_id)
+                else:
+                    worker.add_lora(message.lora_id, message.path)
+                channel.send(Reply())
             elif message.method == "shutdown":
                 break
             elif message.method == "initialize_cache":

@@ -50,5 +50,11 @@ class UniProcExecutor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
 
+    def add_lora(self, lora_id: int, path: str) -> None:
+        self.worker.add_lora(lora_id, path)
+
+    def remove_lora(self, lora_id: int) -> None:
+        self.worker.remove_lora(lora_id)
+
     def shutdown(self) -> None:
         self.worker = None
