@@ -41,6 +41,20 @@ def _json_object(ctx: click.Context, param: click.Parameter, value: str | None) 
     return parsed
 
 
+def _lora_modules(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    modules = {}
+    for value in (v for group in values for v in group.split()):
+        if value.startswith("{"):
+            parsed = _json_object(ctx, param, value)
+            name, path = parsed.get("name"), parsed.get("path")
+        else:
+            name, _, path = value.partition("=")
+        if not name or not path:
+            raise click.BadParameter(f"{value!r} must be name=path or {{\"name\": ..., \"path\": ...}}")
+        modules[name] = path
+    return modules
+
+
 def _opt(*names: str, env: str, **kwargs: Any):
     return click.option(*names, envvar=env, show_envvar=True, show_default=kwargs.pop("show_default", True), **kwargs)
 
@@ -75,6 +89,17 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--seed", env="KC_SEED", type=int, default=None, help="Engine random seed.")
 @_opt("--enable-endpoint-plugins", env="KC_ENABLE_ENDPOINT_PLUGINS", is_flag=True, default=False,
       help="Let every installed plugin add HTTP routes (otherwise only plugins named in KC_PLUGINS).")
+@_opt("--enable-lora", env="KC_ENABLE_LORA", is_flag=True, default=False, help="Serve LoRA adapters.")
+@_opt("--max-loras", env="KC_MAX_LORAS", type=int, default=None, help="Most adapters in one engine step [default: 4].")
+@_opt("--max-lora-rank", env="KC_MAX_LORA_RANK", type=int, default=None, help="Largest adapter rank [default: 16].")
+@_opt("--max-cpu-loras", env="KC_MAX_CPU_LORAS", type=int, default=None,
+      help="Adapters kept loaded in memory per worker (LRU) [default: 8].")
+@_opt("--lora-modules", env="KC_LORA_MODULES", multiple=True, callback=_lora_modules, show_default=False,
+      help="Adapters loaded at start-up: name=path (repeat the option, or separate with spaces).")
+@_opt("--allow-runtime-lora-updating", env="KC_ALLOW_RUNTIME_LORA_UPDATING", is_flag=True, default=False,
+      help="Enable /v1/load_lora_adapter, /v1/unload_lora_adapter and resolver lookups of unknown model names.")
+@_opt("--lora-root", env="KC_LORA_ROOT", default=None,
+      help="Runtime lora_path must lie inside this directory [default: KC_LORA_RESOLVER_DIR, else unconfined].")
 @_opt("--max-request-body-bytes", env="KC_MAX_REQUEST_BODY_BYTES", default="8MiB", help="Larger bodies get 413.")
 @_opt("--max-n", env="KC_MAX_N", type=int, default=16, help="Largest `n` a request may ask for.")
 @_opt("--max-logprobs", env="KC_MAX_LOGPROBS", type=int, default=20, help="Largest logprobs/top_logprobs count.")
@@ -89,7 +114,9 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
               trust_request_chat_template: bool, response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None,
-              enable_endpoint_plugins: bool, max_request_body_bytes: str, max_n: int, max_logprobs: int,
+              enable_endpoint_plugins: bool, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
+              max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
+              lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, shutdown_timeout: float,
               **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
@@ -112,14 +139,16 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
         hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
-        plugin_options=platform_options)
+        plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
+        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
                       max_stop_string_length=max_stop_string_length, max_prompts=max_prompts),
         max_body_bytes=parse_size(max_request_body_bytes), chat_template=template,
         trust_request_chat_template=trust_request_chat_template, response_role=response_role,
-        enable_endpoint_plugins=enable_endpoint_plugins)
+        enable_endpoint_plugins=enable_endpoint_plugins, lora_modules=lora_modules,
+        allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root)
     asyncio.run(run_server(config, options, host, port, shutdown_timeout))
     sys.exit(0)
 

@@ -31,6 +31,9 @@ class ServerOptions:
     trust_request_chat_template: bool = False
     response_role: str = "assistant"
     enable_endpoint_plugins: bool = False
+    lora_modules: dict[str, str] = field(default_factory=dict)  # --lora-modules name=path (needs enable_lora)
+    allow_runtime_lora_updating: bool = False  # load/unload endpoints and resolver lookups
+    lora_root: str | None = None  # where runtime lora_path may point (--lora-root, else KC_LORA_RESOLVER_DIR)
 
 
 @dataclass
@@ -38,6 +41,7 @@ class ServerState:
     engine: Any
     options: ServerOptions
     stat_logger: Any = None  # PrometheusStatLogger
+    lora: Any = None  # LoRAServing when the engine has LoRA enabled
     num_in_flight: int = 0
     is_shutting_down: bool = False
     in_flight_changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -51,6 +55,17 @@ class ServerState:
         if model is None or model in self.options.served_model_names:
             return self.model_name
         raise APIError(f"The model `{model}` does not exist.", 404, "model")
+
+    async def resolve_model(self, model: str | None) -> tuple[str, int]:
+        """(name to echo, LoRA id) for the requested model: a base name, a loaded or resolvable adapter, or 404."""
+        if model is None or model in self.options.served_model_names or self.lora is None:
+            return self.check_model(model), 0
+        from kernelcore.entrypoints.server.lora import get_adapter
+
+        lora = await get_adapter(self.lora, model)
+        if lora is None:
+            raise APIError(f"The model `{model}` does not exist.", 404, "model")
+        return model, lora.lora_id
 
 
 STATE = web.AppKey("kc_state", ServerState)
@@ -150,7 +165,13 @@ async def create_app(engine: Any, options: ServerOptions, stat_logger: Any = Non
     if not options.served_model_names:
         options.served_model_names = [engine.config.model.served_model_name]
     app = web.Application(middlewares=[error_middleware, guard_middleware], client_max_size=options.max_body_bytes)
-    app[STATE] = ServerState(engine=engine, options=options, stat_logger=stat_logger)
+    app[STATE] = state = ServerState(engine=engine, options=options, stat_logger=stat_logger)
+    if getattr(getattr(engine.config, "lora", None), "enable_lora", False):
+        from kernelcore.entrypoints.server import lora
+
+        state.lora = await lora.setup(app, state)
+    elif options.lora_modules:
+        raise ValueError("--lora-modules needs --enable-lora")
     app.router.add_post("/v1/completions", completions.create_completion)
     app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
     models.add_routes(app)

@@ -77,9 +77,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     engine = state.engine
     body = await read_json(request)
     req = parse_chat_request(body, state.options.limits, engine.vocab_size)
-    model = state.check_model(req.model)
+    model, lora_id = await state.resolve_model(req.model)
     text, token_ids = chat_prompt_ids(state, req)
     prompt = engine_prompt(engine, req, text, token_ids, None)
+    prompt.lora_id = lora_id
     last = req.messages[-1]
     role = state.options.response_role if req.chat["add_generation_prompt"] else last["role"]
     echo = (last.get("content") or "") if req.echo and last["role"] == role else ""

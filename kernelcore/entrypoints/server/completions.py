@@ -49,7 +49,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     engine = state.engine
     body = await read_json(request)
     req = parse_completion_request(body, state.options.limits, engine.vocab_size)
-    model = state.check_model(req.model)
+    model, lora_id = await state.resolve_model(req.model)
     prompts = []
     for prompt in req.prompts:
         if isinstance(prompt, str):
@@ -57,6 +57,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
                 prompt, add_special_tokens=req.add_special_tokens), DEFAULT_MAX_TOKENS))
         else:
             prompts.append(engine_prompt(engine, req, None, list(prompt), DEFAULT_MAX_TOKENS))
+    for prompt in prompts:
+        prompt.lora_id = lora_id
     response_id = f"cmpl-{base_request_id(request)}"
     header = {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": model}
     headers = {"X-Request-Id": request.headers.get("X-Request-Id", response_id)}

@@ -24,6 +24,9 @@ async def list_models(request: web.Request) -> web.Response:
                         "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
                         "organization": "*", "group": None, "is_blocking": False}],
     } for name in state.options.served_model_names]
+    if state.lora is not None:  # adapters after the bases: root = adapter path, parent = base name
+        cards += [{**cards[0], "id": lora.name, "root": lora.path, "parent": state.model_name}
+                  for lora in state.lora.adapters.values()]
     return web.json_response({"object": "list", "data": cards})
 
 

@@ -23,6 +23,7 @@ class EnginePrompt:
     text: str | None
     token_ids: list[int]
     params: SamplingParams
+    lora_id: int = 0
 
 
 def engine_error(exc: BaseException) -> APIError:
@@ -36,7 +37,8 @@ def engine_error(exc: BaseException) -> APIError:
 
 async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIterator[RequestOutput]:
     """``engine.generate`` that aborts the request in the engine unless it finished (disconnect, error, cancel)."""
-    generator = engine.generate(request_id, prompt.token_ids, prompt.params, prompt=prompt.text)
+    lora = {"lora_id": prompt.lora_id} if prompt.lora_id else {}
+    generator = engine.generate(request_id, prompt.token_ids, prompt.params, prompt=prompt.text, **lora)
     is_finished = False
     try:
         async for output in generator:
