@@ -51,9 +51,8 @@ class PrometheusStatLogger(StatLoggerBase):
         lora_info = prom.Gauge("kc:lora_requests_info", "Running and waiting LoRA adapters.",
                                ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=self.registry)
         lora = getattr(config, "lora", None)
-        self._lora_info = lora_info.labels(max_lora=str(getattr(lora, "max_loras", 0)), running_lora_adapters="",
-                                           waiting_lora_adapters="")
-        self._lora_info.set(0)
+        self._lora_info, self._lora_labels = lora_info, (str(getattr(lora, "max_loras", 0)), "", "")
+        lora_info.labels(*self._lora_labels).set(0)
 
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
@@ -94,6 +93,12 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_preemptions.inc(stats.num_preemptions)
         self.prefix_cache_queries.inc(stats.num_prefix_cache_queries)
         self.prefix_cache_hits.inc(stats.num_prefix_cache_hits)
+        labels = (self._lora_labels[0], ",".join(sorted(stats.running_lora_adapters)),
+                  ",".join(sorted(stats.waiting_lora_adapters)))
+        if labels != self._lora_labels:  # one series: the current adapters, valued with the time they were seen
+            self._lora_info.remove(*self._lora_labels)
+            self._lora_labels = labels
+        self._lora_info.labels(*labels).set(stats.timestamp or 0)
         num_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
         if num_tokens:
             self.iteration_tokens_total.observe(num_tokens)

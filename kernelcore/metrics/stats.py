@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -18,3 +18,5 @@ class EngineStats:
     num_generation_tokens: int = 0  # tokens sampled this step
     num_finished: int = 0  # this step
     step_time: float = 0.0  # seconds spent in the step
+    running_lora_adapters: list[str] = field(default_factory=list)  # names of adapters with running requests
+    waiting_lora_adapters: list[str] = field(default_factory=list)
