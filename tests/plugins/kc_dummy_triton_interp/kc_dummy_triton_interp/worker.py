@@ -4,5 +4,7 @@ from kernelcore.kernels import trace_winners
 
 class TritonInterpWorker(CpuWorker):
     def load_model(self) -> None:
+        import kc_dummy_triton_interp.ops  # noqa: F401  (register_oot, before any op is built)
+
         super().load_model()
         trace_winners()  # no platform override: the Triton kernels win
