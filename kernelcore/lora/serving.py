@@ -91,7 +91,7 @@ class LoRAServing:
             await asyncio.to_thread(self.check, path)
             lora = LoRARequest(name, self._next_id, path)
             self._next_id += 1
-            await self.engine.add_lora(lora.lora_id, lora.path)
+            await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
             self.adapters[name] = lora
             logger.info("LoRA adapter %r (id %d) loaded from %s", name, lora.lora_id, path)
             return lora
@@ -122,7 +122,7 @@ class LoRAServing:
                                        f"loaded: {exc}") from exc
             lora = LoRARequest(name, self._next_id, path)
             self._next_id += 1
-            await self.engine.add_lora(lora.lora_id, lora.path)
+            await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
             self.adapters[name] = lora
             logger.info("LoRA adapter %r (id %d) resolved by %s: %s", name, lora.lora_id, resolver, path)
             return lora

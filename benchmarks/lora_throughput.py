@@ -1,0 +1,97 @@
+"""Multi-LoRA throughput: the W-mixed workload spread over 4 adapters vs the same workload without LoRA, same run.
+
+    python benchmarks/lora_throughput.py --quick            # 16 requests, a quarter of the output tokens
+    python benchmarks/lora_throughput.py --num-runs 3       # interleaved runs, medians
+
+Both sides drive ``EngineCore`` directly with the same loop; "base" is an engine built without LoRA, "lora" one
+with ``enable_lora`` (max_loras 4) where request i uses adapter i % 4 (rank 8 on q/k/v/o/gate/up/down, made
+with peft), "lora-idle" the LoRA engine serving only base requests (the wrappers' cost when unused).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import click
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+
+def run_engine(path: str, workload, adapters: list[str] | None, use_adapters: bool, max_num_seqs: int,
+               max_num_batched_tokens: int) -> dict:
+    from kernelcore.config_builder import build_config
+    from kernelcore.engine.core import EngineCore
+    from kernelcore.engine.request import EngineCoreRequest
+    from kernelcore.engine.sampling_params import SamplingParams
+
+    lora = dict(enable_lora=True, max_loras=4, max_lora_rank=8) if adapters else {}
+    core = EngineCore(build_config(model=path, max_model_len=2048, kv_cache_memory=2 << 30, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens, **lora))
+    for i, adapter in enumerate(adapters or []):
+        core.add_lora(i + 1, f"adapter-{i}", adapter)
+    for i, (prompt, num_out) in enumerate(workload):
+        lora_id = i % len(adapters) + 1 if use_adapters else 0
+        core.add_request(EngineCoreRequest(request_id=str(i), prompt_token_ids=prompt, lora_id=lora_id,
+                                           sampling_params=SamplingParams(temperature=0, max_tokens=num_out,
+                                                                          ignore_eos=True)))
+    num_tokens, start = 0, time.perf_counter()
+    while core.has_unfinished_requests():
+        num_tokens += sum(len(o.new_token_ids) for o in core.step().outputs)
+    elapsed = time.perf_counter() - start
+    core.shutdown()
+    del core
+    gc.collect()
+    assert num_tokens == sum(n for _, n in workload)
+    return dict(tokens_per_s=num_tokens / elapsed, seconds=elapsed)
+
+
+@click.command()
+@click.option("--shape", type=click.Choice(["llama"]), default="llama")
+@click.option("--workload", "workload_name", type=click.Choice(["uniform", "mixed", "shared-prefix"]), default="mixed")
+@click.option("--num-runs", type=int, default=1)
+@click.option("--quick", is_flag=True)
+@click.option("--max-num-seqs", type=int, default=64)
+@click.option("--max-num-batched-tokens", type=int, default=1024)
+@click.option("--threads", type=int, default=None)
+@click.option("--work-dir", default=None, help="Keeps the checkpoint and adapters between runs.")
+def main(shape, workload_name, num_runs, quick, max_num_seqs, max_num_batched_tokens, threads, work_dir):
+    import torch
+
+    from lora_helpers import make_peft_adapter
+    from throughput import build_checkpoint, make_workload
+
+    if threads:
+        torch.set_num_threads(threads)
+    root = work_dir or tempfile.mkdtemp(prefix="kc-lora-bench-")
+    path = build_checkpoint(shape, root)
+    adapters = []
+    for i in range(4):
+        adapter = os.path.join(root, f"adapter-{i}")
+        if not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+            make_peft_adapter(path, adapter, "llama", seed=i, rank=8, alpha=16, std=0.02)
+        adapters.append(adapter)
+    from transformers import AutoConfig
+
+    workload = make_workload(workload_name, AutoConfig.from_pretrained(path).vocab_size, quick)
+    sides = {"base": (None, False), "lora": (adapters, True), "lora-idle": (adapters, False)}
+    results = {name: [] for name in sides}
+    for run in range(num_runs):
+        for name, (side_adapters, use) in sides.items():
+            result = run_engine(path, workload, side_adapters, use, max_num_seqs, max_num_batched_tokens)
+            results[name].append(result["tokens_per_s"])
+            print(f"run {run} {name}: {result['tokens_per_s']:.1f} tok/s ({result['seconds']:.1f}s)", file=sys.stderr)
+    medians = {name: statistics.median(v) for name, v in results.items()}
+    print(json.dumps({"shape": shape, "workload": workload_name, "num_requests": len(workload), "quick": quick,
+                      "tokens_per_s": medians, "lora_vs_base": medians["lora"] / medians["base"],
+                      "lora_idle_vs_base": medians["lora-idle"] / medians["base"], "runs": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
