@@ -85,13 +85,15 @@ class PeakRss:
 
 
 def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_batched_tokens: int,
-                   kv_cache_memory: int = 2 << 30) -> dict:
+                   kv_cache_memory: int = 2 << 30, threads: int | None = None, multiprocess: bool = False) -> dict:
     from kernelcore import LLM, SamplingParams
 
     llm = LLM(path, dtype=dtype, max_model_len=2048, kv_cache_memory=kv_cache_memory, max_num_seqs=max_num_seqs,
-              max_num_batched_tokens=max_num_batched_tokens)
-    llm.generate([{"prompt_token_ids": workload[0][0][:16]}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-    llm.engine_core.reset_prefix_cache()
+              max_num_batched_tokens=max_num_batched_tokens, multiprocess=multiprocess)
+    if threads and not multiprocess:
+        torch.set_num_threads(threads)  # the CPU worker set one thread per core; the benchmark's choice wins
+    # Warm-up on a token the workloads never use (they draw ids >= 4), so it leaves no prefix-cache hit behind.
+    llm.generate([{"prompt_token_ids": [3] * 16}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
     with PeakRss() as mem:
@@ -100,17 +102,24 @@ def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_b
         elapsed = time.perf_counter() - start
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert num_tokens == sum(n for _, n in workload)
-    kv = llm.engine_core.scheduler.kv
+    if multiprocess:  # the core's RSS is in another process; the hit rate is not reported back
+        hit_rate = float("nan")
+        llm.shutdown()
+    else:
+        kv = llm.engine_core.scheduler.kv
+        hit_rate = kv.num_hits / max(kv.num_queries, 1)
     result = dict(tokens_per_s=num_tokens / elapsed, seconds=elapsed, peak_rss_gib=mem.peak / 2**30,
-                  prefix_hit_rate=kv.num_hits / max(kv.num_queries, 1))
+                  prefix_hit_rate=hit_rate)
     del llm
     gc.collect()
     return result
 
 
-def run_transformers(path: str, workload, dtype: str, batch_size: int = 32) -> dict:
+def run_transformers(path: str, workload, dtype: str, batch_size: int = 32, threads: int | None = None) -> dict:
     from transformers import AutoModelForCausalLM
 
+    if threads:
+        torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     order = sorted(range(len(workload)), key=lambda i: len(workload[i][0]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
@@ -172,28 +181,39 @@ def _numel(shape) -> int:
 @click.option("--skip-hf", is_flag=True, help="Do not run transformers generate.")
 @click.option("--max-num-seqs", type=int, default=128, show_default=True)
 @click.option("--max-num-batched-tokens", type=int, default=2048, show_default=True)
+@click.option("--threads", type=int, default=None,
+              help="torch threads for both engines (default: one per core, what the CPU worker picks).")
+@click.option("--multiprocess", is_flag=True,
+              help="Also run kernelcore through the engine-core process (LLM(multiprocess=True)) in the same run and "
+                   "print its overhead vs in-process (the core process always uses one thread per core).")
 @click.option("--checkpoint-dir", type=click.Path(), default=None, help="Reuse/keep the random checkpoints here.")
 @click.option("--json-out", type=click.Path(), default=None, help="Also write the results as JSON.")
 def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, max_num_batched_tokens,
-               checkpoint_dir, json_out):
+               threads, multiprocess, checkpoint_dir, json_out):
     """kernelcore vs transformers generate: output tokens/s on synthetic workloads, in the same run."""
     shapes = list(SHAPES) if shape == "all" else [shape]
     workloads = ["uniform", "mixed", "shared-prefix"] if workload == "all" else [workload]
     root = checkpoint_dir or tempfile.mkdtemp(prefix="kc-bench-")
+    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    torch.set_num_threads(threads)
     peak = matmul_peak_gflops(dtype)
     click.echo(f"threads={torch.get_num_threads()} dtype={dtype} matmul peak (64x768x3072) {peak:.0f} GFLOP/s "
-               f"(ratios: median over {num_runs} interleaved kernelcore/transformers pairs)")
+               f"load average {os.getloadavg()[0]:.1f} (ratios: median over {num_runs} interleaved "
+               f"kernelcore/transformers pairs)")
     results = []
     for s in shapes:
         path = build_checkpoint(s, root)
         flops = flops_per_token(path)
         for w in workloads:
             work = make_workload(w, SHAPES[s]["vocab_size"], quick)
-            kc_runs, hf_runs = [], []
+            kc_runs, hf_runs, mp_runs = [], [], []
             for _ in range(num_runs):  # interleaved, so both see the same machine load
-                kc_runs.append(run_kernelcore(path, work, dtype, max_num_seqs, max_num_batched_tokens))
+                kc_runs.append(run_kernelcore(path, work, dtype, max_num_seqs, max_num_batched_tokens, threads=threads))
+                if multiprocess:
+                    mp_runs.append(run_kernelcore(path, work, dtype, max_num_seqs, max_num_batched_tokens,
+                                                  multiprocess=True))
                 if not skip_hf:
-                    hf_runs.append(run_transformers(path, work, dtype))
+                    hf_runs.append(run_transformers(path, work, dtype, threads=threads))
             kc = statistics.median(r["tokens_per_s"] for r in kc_runs)
             hf = statistics.median(r["tokens_per_s"] for r in hf_runs) if hf_runs else float("nan")
             ratio = statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(kc_runs, hf_runs)) if hf_runs else None
@@ -203,11 +223,18 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
                        transformers_peak_rss_gib=max(r["peak_rss_gib"] for r in hf_runs) if hf_runs else None,
                        prefix_hit_rate=kc_runs[0]["prefix_hit_rate"],
                        roofline_share=kc * flops / (peak * 1e9))
+            if mp_runs:
+                row["multiprocess_tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in mp_runs)
+                # IPC overhead: how much slower the engine-core process path is (median over the per-run pairs).
+                row["multiprocess_overhead"] = statistics.median(1 - b["tokens_per_s"] / a["tokens_per_s"]
+                                                                 for a, b in zip(kc_runs, mp_runs))
             results.append(row)
             click.echo(f"{s:6s} {w:14s} kernelcore {kc:7.1f} tok/s | transformers {hf:7.1f} tok/s | "
                        f"ratio {row['ratio'] or float('nan'):5.2f}x | peak RSS kc {row['kernelcore_peak_rss_gib']:.2f} GiB"
                        f" hf {row['transformers_peak_rss_gib'] or float('nan'):.2f} GiB | "
-                       f"prefix hits {row['prefix_hit_rate']:.0%} | roofline {row['roofline_share']:.0%}")
+                       f"prefix hits {row['prefix_hit_rate']:.0%} | roofline {row['roofline_share']:.0%}"
+                       + (f" | multiprocess {row['multiprocess_tokens_per_s']:.1f} tok/s, overhead "
+                          f"{row['multiprocess_overhead']:+.1%}" if mp_runs else ""))
     if json_out:
         with open(json_out, "w") as f:
             json.dump(results, f, indent=2)
