@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.distributed import get_tp_group
-from kernelcore.layers.linear import copy_checked
+from kernelcore.layers.linear import copy_checked, fast_linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -54,7 +54,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.weight = embedding.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.weight, self.bias)
+        logits = fast_linear(self, x, self.weight, self.bias)
         if self.tp_size > 1:
             logits = get_tp_group().all_gather(logits, dim=-1)[..., : self.num_embeddings]
         return logits
