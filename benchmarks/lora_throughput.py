@@ -6,6 +6,8 @@
 Both sides drive ``EngineCore`` directly with the same loop; "base" is an engine built without LoRA, "lora" one
 with ``enable_lora`` (max_loras 4) where request i uses adapter i % 4 (rank 8 on q/k/v/o/gate/up/down, made
 with peft), "lora-idle" the LoRA engine serving only base requests (the wrappers' cost when unused).
+Besides wall-clock tokens/s it reports tokens per CPU-second of this process, which a machine shared with
+other jobs disturbs far less (use ``--threads 1`` there, so CPU time is not spent spinning).
 """
 
 from __future__ import annotations
@@ -41,15 +43,15 @@ def run_engine(path: str, workload, adapters: list[str] | None, use_adapters: bo
         core.add_request(EngineCoreRequest(request_id=str(i), prompt_token_ids=prompt, lora_id=lora_id,
                                            sampling_params=SamplingParams(temperature=0, max_tokens=num_out,
                                                                           ignore_eos=True)))
-    num_tokens, start = 0, time.perf_counter()
+    num_tokens, start, cpu_start = 0, time.perf_counter(), time.process_time()
     while core.has_unfinished_requests():
         num_tokens += sum(len(o.new_token_ids) for o in core.step().outputs)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     core.shutdown()
     del core
     gc.collect()
     assert num_tokens == sum(n for _, n in workload)
-    return dict(tokens_per_s=num_tokens / elapsed, seconds=elapsed)
+    return dict(tokens_per_s=num_tokens / elapsed, tokens_per_cpu_s=num_tokens / cpu, seconds=elapsed)
 
 
 @click.command()
@@ -85,12 +87,17 @@ def main(shape, workload_name, num_runs, quick, max_num_seqs, max_num_batched_to
     for run in range(num_runs):
         for name, (side_adapters, use) in sides.items():
             result = run_engine(path, workload, side_adapters, use, max_num_seqs, max_num_batched_tokens)
-            results[name].append(result["tokens_per_s"])
-            print(f"run {run} {name}: {result['tokens_per_s']:.1f} tok/s ({result['seconds']:.1f}s)", file=sys.stderr)
-    medians = {name: statistics.median(v) for name, v in results.items()}
-    print(json.dumps({"shape": shape, "workload": workload_name, "num_requests": len(workload), "quick": quick,
-                      "tokens_per_s": medians, "lora_vs_base": medians["lora"] / medians["base"],
-                      "lora_idle_vs_base": medians["lora-idle"] / medians["base"], "runs": results}, indent=1))
+            results[name].append(result)
+            print(f"run {run} {name}: {result['tokens_per_s']:.1f} tok/s, {result['tokens_per_cpu_s']:.1f} tok/cpu-s "
+                  f"({result['seconds']:.1f}s)", file=sys.stderr)
+    summary = {"shape": shape, "workload": workload_name, "num_requests": len(workload), "quick": quick,
+               "threads": torch.get_num_threads()}
+    for key in ("tokens_per_s", "tokens_per_cpu_s"):
+        medians = {name: statistics.median(r[key] for r in runs) for name, runs in results.items()}
+        summary[key] = medians
+        summary[f"{key}: lora/base"] = medians["lora"] / medians["base"]
+        summary[f"{key}: lora-idle/base"] = medians["lora-idle"] / medians["base"]
+    print(json.dumps({**summary, "runs": results}, indent=1))
 
 
 if __name__ == "__main__":

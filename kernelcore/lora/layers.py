@@ -4,8 +4,8 @@ For ``S`` slots and ``n`` packed slices (q/k/v -> 3) of rank ``r`` each, ``lora_
 ``lora_b`` is ``[out, S*n*r]`` (block-diagonal over the slices). Per step the model runner sets one adapter
 index per token; the manager turns it into ``scales [T, S]`` (the slot's scaling on the token's own slot,
 zero elsewhere), so ``delta = ((x @ A.T) * scales) @ B.T`` picks each token's adapter without a loop.
-A and B are sharded like the base weight: column layers split B's rows, row layers split A's columns and
-add their partial delta before the all-reduce.
+A and B are sharded like the base weight: column layers split B's rows; row layers split A's columns, so
+their ``x @ A.T`` is a partial sum, all-reduced (a [T, S*n*r] tensor) before the replicated B.
 """
 
 from __future__ import annotations
@@ -73,9 +73,8 @@ class LoRALinear(nn.Module):
         if scales is None or not any(self.is_slot_set):
             return base(x)
         num_tokens = x.shape[0]
-        shrink = F.linear(x, self.lora_a).view(num_tokens, self.num_slots, self.slot_width)
-        shrink = (shrink * scales.unsqueeze(-1)).view(num_tokens, -1)
-        if not self.is_row:
-            return base(x).addmm_(shrink, self.lora_b.t())
-        y = F.linear(x, base.weight, base.bias if base.tp_rank == 0 else None).addmm_(shrink, self.lora_b.t())
-        return y if base.tp_size == 1 else get_tp_group().all_reduce(y)
+        shrink = F.linear(x, self.lora_a)
+        if self.is_row and base.tp_size > 1:
+            shrink = get_tp_group().all_reduce(shrink)
+        shrink = (shrink.view(num_tokens, self.num_slots, self.slot_width) * scales.unsqueeze(-1)).view(num_tokens, -1)
+        return base(x).addmm_(shrink, self.lora_b.t())
