@@ -3,8 +3,8 @@
     python benchmarks/bench_forward.py [--batch 1 8 32 128] [--dtype float32 bfloat16] [--iters 10] [--threads 1]
 
 Random weights, every sequence at context ~128 in the paged cache (block size 16).
-"roofline" = the same step's weight matmuls alone (F.linear on [batch, in] inputs, LM head included),
-"matmul %" = roofline / forward: the share of the forward spent in the matmuls.
+"roofline" = the same step's weight matmuls alone on [batch, in] inputs, LM head included, through the
+prepacked oneDNN path the layers use (plain F.linear printed alongside); "matmul share" = roofline / forward.
 """
 
 from __future__ import annotations
@@ -41,14 +41,18 @@ def median_time(fn, iters: int) -> float:
     return statistics.median(times)
 
 
-def matmul_roofline(model, batch: int, dtype: torch.dtype, iters: int) -> float:
-    weights = [m.weight for name, m in model.named_modules() if hasattr(m, "weight") and m.weight is not None
+def matmul_roofline(model, batch: int, dtype: torch.dtype, iters: int, prepacked: bool) -> float:
+    """The step's weight matmuls alone: plain ``F.linear``, or the prepacked oneDNN path the layers use."""
+    from kernelcore.layers.linear import fast_linear
+
+    modules = [m for name, m in model.named_modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
                and m.weight.dim() == 2 and "embed" not in name]
-    inputs = [torch.randn(batch, w.shape[1], dtype=dtype) for w in weights]
+    inputs = [torch.randn(batch, m.weight.shape[1], dtype=dtype) for m in modules]
+    holders = [torch.nn.Module() for _ in modules]  # own packed copies, not the model's
 
     def run():
-        for x, w in zip(inputs, weights):
-            F.linear(x, w)
+        for x, m, h in zip(inputs, modules, holders):
+            fast_linear(h, x, m.weight, None) if prepacked else F.linear(x, m.weight)
 
     with torch.inference_mode():
         return median_time(run, iters)
@@ -72,12 +76,14 @@ def bench(shape: str, dtype: str, batches: list[int], iters: int) -> list[dict]:
                        for i in range(batch)]
             n = max(3, iters // (1 + batch // 32))
             forward = median_time(lambda: runner.execute(entries), n)
-            roofline = matmul_roofline(runner.model, batch, runner.dtype, n)
+            roofline = matmul_roofline(runner.model, batch, runner.dtype, n, prepacked=True)
+            plain = matmul_roofline(runner.model, batch, runner.dtype, n, prepacked=False)
             rows.append({"model": shape, "dtype": dtype, "batch": batch, "forward_ms": forward * 1e3,
-                         "matmul_ms": roofline * 1e3, "matmul_pct": 100 * roofline / forward,
-                         "tokens_per_s": batch / forward})
+                         "matmul_ms": roofline * 1e3, "plain_matmul_ms": plain * 1e3,
+                         "matmul_pct": 100 * roofline / forward, "tokens_per_s": batch / forward})
             print(f"{shape:11s} {dtype:9s} batch {batch:4d}: forward {forward * 1e3:8.2f} ms  matmuls {roofline * 1e3:8.2f} ms"
-                  f"  matmul share {100 * roofline / forward:5.1f}%  {batch / forward:8.1f} tok/s", flush=True)
+                  f" (F.linear {plain * 1e3:8.2f} ms)  matmul share {100 * roofline / forward:5.1f}%"
+                  f"  {batch / forward:8.1f} tok/s", flush=True)
         runner.allocate_kv_cache(0)
     return rows
 
@@ -91,8 +97,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1 by default: on a shared, oversubscribed machine OpenMP barriers "
                              "make multi-threaded timings meaningless)")
+    parser.add_argument("--no-prepack", action="store_true",
+                        help="the layers use plain F.linear (the state before oneDNN prepacking), for A/B runs")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.no_prepack:
+        import kernelcore.layers.linear
+
+        kernelcore.layers.linear._ONEDNN = False
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for shape in args.model:
         for dtype in args.dtype:
