@@ -3,7 +3,8 @@
     python benchmarks/lora_throughput.py --quick            # 16 requests, a quarter of the output tokens
     python benchmarks/lora_throughput.py --num-runs 3       # interleaved runs, medians
 
-Both sides drive ``EngineCore`` directly with the same loop; "base" is an engine built without LoRA, "lora" one
+Three in-process ``EngineCore``s are stepped in turn (one step each, round robin), so every side runs under the
+same machine load step by step; "base" is an engine built without LoRA, "lora" one
 with ``enable_lora`` (max_loras 4) where request i uses adapter i % 4 (rank 8 on q/k/v/o/gate/up/down, made
 with peft), "lora-idle" the LoRA engine serving only base requests (the wrappers' cost when unused).
 Besides wall-clock tokens/s it reports tokens per CPU-second of this process, which a machine shared with
@@ -26,16 +27,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
-def run_engine(path: str, workload, adapters: list[str] | None, use_adapters: bool, max_num_seqs: int,
-               max_num_batched_tokens: int) -> dict:
+def make_engine(path: str, workload, adapters: list[str] | None, use_adapters: bool, max_num_seqs: int,
+                max_num_batched_tokens: int):
     from kernelcore.config_builder import build_config
     from kernelcore.engine.core import EngineCore
     from kernelcore.engine.request import EngineCoreRequest
     from kernelcore.engine.sampling_params import SamplingParams
 
     lora = dict(enable_lora=True, max_loras=4, max_lora_rank=8) if adapters else {}
-    core = EngineCore(build_config(model=path, max_model_len=2048, kv_cache_memory=2 << 30, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, **lora))
+    core = EngineCore(build_config(model=path, max_model_len=2048, kv_cache_memory=512 << 20,
+                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, **lora))
     for i, adapter in enumerate(adapters or []):
         core.add_lora(i + 1, f"adapter-{i}", adapter)
     for i, (prompt, num_out) in enumerate(workload):
@@ -43,15 +44,24 @@ def run_engine(path: str, workload, adapters: list[str] | None, use_adapters: bo
         core.add_request(EngineCoreRequest(request_id=str(i), prompt_token_ids=prompt, lora_id=lora_id,
                                            sampling_params=SamplingParams(temperature=0, max_tokens=num_out,
                                                                           ignore_eos=True)))
-    num_tokens, start, cpu_start = 0, time.perf_counter(), time.process_time()
-    while core.has_unfinished_requests():
-        num_tokens += sum(len(o.new_token_ids) for o in core.step().outputs)
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    core.shutdown()
-    del core
-    gc.collect()
-    assert num_tokens == sum(n for _, n in workload)
-    return dict(tokens_per_s=num_tokens / elapsed, tokens_per_cpu_s=num_tokens / cpu, seconds=elapsed)
+    return core
+
+
+def run_interleaved(engines: dict) -> dict:
+    """Step every engine in turn until all are done: each step of each side runs under the same machine load."""
+    totals = {name: dict(num_tokens=0, seconds=0.0, cpu_seconds=0.0) for name in engines}
+    while any(core.has_unfinished_requests() for core in engines.values()):
+        for name, core in engines.items():
+            if not core.has_unfinished_requests():
+                continue
+            start, cpu_start = time.perf_counter(), time.process_time()
+            outputs = core.step().outputs
+            total = totals[name]
+            total["seconds"] += time.perf_counter() - start
+            total["cpu_seconds"] += time.process_time() - cpu_start
+            total["num_tokens"] += sum(len(o.new_token_ids) for o in outputs)
+    return {name: dict(tokens_per_s=t["num_tokens"] / t["seconds"], tokens_per_cpu_s=t["num_tokens"] / t["cpu_seconds"],
+                       **t) for name, t in totals.items()}
 
 
 @click.command()
@@ -85,11 +95,17 @@ def main(shape, workload_name, num_runs, quick, max_num_seqs, max_num_batched_to
     sides = {"base": (None, False), "lora": (adapters, True), "lora-idle": (adapters, False)}
     results = {name: [] for name in sides}
     for run in range(num_runs):
-        for name, (side_adapters, use) in sides.items():
-            result = run_engine(path, workload, side_adapters, use, max_num_seqs, max_num_batched_tokens)
+        engines = {name: make_engine(path, workload, side_adapters, use, max_num_seqs, max_num_batched_tokens)
+                   for name, (side_adapters, use) in sides.items()}
+        for name, result in run_interleaved(engines).items():
+            assert result["num_tokens"] == sum(n for _, n in workload)
             results[name].append(result)
             print(f"run {run} {name}: {result['tokens_per_s']:.1f} tok/s, {result['tokens_per_cpu_s']:.1f} tok/cpu-s "
                   f"({result['seconds']:.1f}s)", file=sys.stderr)
+        for core in engines.values():
+            core.shutdown()
+        del engines
+        gc.collect()
     summary = {"shape": shape, "workload": workload_name, "num_requests": len(workload), "quick": quick,
                "threads": torch.get_num_threads()}
     for key in ("tokens_per_s", "tokens_per_cpu_s"):

@@ -16,8 +16,8 @@ from typing import AsyncIterator
 
 from kernelcore.config import KernelConfig
 from kernelcore.engine.core_client import EngineDeadError, RequestError, start_engine_core
-from kernelcore.engine.core_proc import (AbortRequests, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors, FromCore,
-                                         ShutdownCore)
+from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
+                                         FromCore, RemoveLora, ShutdownCore)
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
 from kernelcore.engine.sampling_params import SamplingParams
@@ -126,6 +126,16 @@ class AsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         self.abort_nowait(request_id)
+
+    async def add_lora(self, lora_id: int, path: str, name: str | None = None) -> None:
+        """Register an adapter directory (validated by the caller) before requests use ``lora_id``."""
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead_error}")
+        await self._channel.send(AddLora(lora_id, name or str(lora_id), path))
+
+    async def remove_lora(self, lora_id: int) -> None:
+        if self.dead_error is None:
+            await self._channel.send(RemoveLora(lora_id))
 
     # -- the engine's messages ------------------------------------------------------------------------------
 

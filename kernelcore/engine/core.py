@@ -47,6 +47,19 @@ class EngineCore:
                 raise RequestRejected(f"Token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
         self.scheduler.add_request(request)
 
+    def add_lora(self, lora_id: int, name: str, path: str) -> None:
+        """Make adapter ``lora_id`` (a local PEFT directory) available; every worker reads it from ``path``."""
+        if not self.config.lora.enable_lora:
+            raise ValueError("LoRA is not enabled (enable_lora=False)")
+        self.executor.add_lora(lora_id, path)
+        self.scheduler.lora_names[lora_id] = name
+
+    def remove_lora(self, lora_id: int) -> None:
+        """New requests for it are rejected; the workers drop it unless requests still use it."""
+        self.scheduler.lora_names.pop(lora_id, None)
+        if not any(r.lora_id == lora_id for r in self.scheduler.requests.values()):
+            self.executor.remove_lora(lora_id)
+
     def abort_requests(self, request_ids: list[str]) -> None:
         """Finish these requests now and free their KV blocks (unknown ids are ignored)."""
         self.scheduler.abort_requests(request_ids)

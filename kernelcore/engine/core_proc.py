@@ -1,6 +1,6 @@
 """The engine-core process: EngineCore driven by messages over a unix socket.
 
-Front end -> core: AddRequests, AbortRequests, ShutdownCore.
+Front end -> core: AddRequests, AbortRequests, ShutdownCore, AddLora, RemoveLora.
 Core -> front end: CoreOutputs (after every step that produced something),
 CoreRequestErrors (a request failed alone), CoreDead (the engine cannot go on).
 All are msgspec Structs (msgpack on the wire): nothing is pickled.
@@ -34,6 +34,16 @@ class ShutdownCore(msgspec.Struct, tag="shutdown"):
     pass
 
 
+class AddLora(msgspec.Struct, tag="add_lora"):
+    lora_id: int
+    name: str
+    path: str  # a local directory the front end validated; workers read it themselves
+
+
+class RemoveLora(msgspec.Struct, tag="remove_lora"):
+    lora_id: int
+
+
 class CoreOutputs(msgspec.Struct, tag="out"):
     outputs: EngineCoreOutputs
 
@@ -47,7 +57,7 @@ class CoreDead(msgspec.Struct, tag="dead"):
     message: str
 
 
-ToCore = Union[AddRequests, AbortRequests, ShutdownCore]
+ToCore = Union[AddRequests, AbortRequests, ShutdownCore, AddLora, RemoveLora]
 FromCore = Union[CoreOutputs, CoreRequestErrors, CoreDead]
 
 
@@ -71,6 +81,13 @@ class EngineCoreLoop:
                 self.channel.send(CoreRequestErrors(rejected, is_rejected=True))
         elif isinstance(message, AbortRequests):
             self.core.abort_requests(message.request_ids)
+        elif isinstance(message, AddLora):
+            try:
+                self.core.add_lora(message.lora_id, message.name, message.path)
+            except ValueError as exc:
+                logger.error("LoRA adapter %r not added: %s", message.name, exc)
+        elif isinstance(message, RemoveLora):
+            self.core.remove_lora(message.lora_id)
         else:
             self.is_running = False
 

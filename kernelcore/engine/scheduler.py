@@ -23,6 +23,8 @@ class Scheduler:
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.max_num_batched_tokens = config.scheduler.max_num_batched_tokens
         self.max_model_len = config.model.max_model_len
+        self.max_loras = config.lora.max_loras if config.lora.enable_lora else 0
+        self.lora_names: dict[int, str] = {}  # adapters the workers know: id -> name
         self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -36,6 +38,9 @@ class Scheduler:
     def check_request(self, req: EngineCoreRequest) -> None:
         num_prompt = len(req.prompt_token_ids)
         max_tokens = req.sampling_params.max_tokens
+        if req.lora_id and req.lora_id not in self.lora_names:
+            raise RequestRejected(f"LoRA adapter id {req.lora_id} is not loaded"
+                                  + ("" if self.max_loras else " (LoRA is not enabled)"))
         if num_prompt == 0:
             raise RequestRejected("The prompt is empty: at least one token is required.")
         if num_prompt >= self.max_model_len:
@@ -127,9 +132,14 @@ class Scheduler:
                 continue
             break
 
-        # Then waiting requests (FCFS), unless this step had to preempt.
+        # Then waiting requests (FCFS), unless this step had to preempt; at most max_loras adapters run at once.
+        running_loras = {r.lora_id for r in self.running} - {0}
+        skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not stats.num_preemptions:
             request = self.waiting[0]
+            if request.lora_id and request.lora_id not in running_loras and len(running_loras) >= self.max_loras:
+                skipped.append(self.waiting.popleft())  # waits for an adapter slot; later requests may go first
+                continue
             if self._is_sibling_prefilling(request):
                 break
             computed_blocks, num_hit = self.kv.get_computed_blocks(request)
@@ -148,6 +158,9 @@ class Scheduler:
             scheduled.append(request)
             num_scheduled[request.request_id] = num_new
             budget -= num_new
+            if request.lora_id:
+                running_loras.add(request.lora_id)
+        self.waiting.extendleft(reversed(skipped))
 
         for request in scheduled:
             num_new = num_scheduled[request.request_id]
@@ -217,4 +230,8 @@ class Scheduler:
     def make_stats(self) -> EngineStats:
         stats = self._step_stats
         stats.num_running, stats.num_waiting, stats.kv_cache_usage = len(self.running), len(self.waiting), self.kv.usage
+        if self.lora_names:
+            names = self.lora_names
+            stats.running_lora_adapters = sorted({names[r.lora_id] for r in self.running if r.lora_id in names})
+            stats.waiting_lora_adapters = sorted({names[r.lora_id] for r in self.waiting if r.lora_id in names})
         return stats
