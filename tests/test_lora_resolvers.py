@@ -132,3 +132,36 @@ def test_adapter_config_checks(tmp_path):
                          ({"r": 0}, "positive")):
         with pytest.raises(LoRAAdapterError, match=message):
             check_adapter_config(bad, 16)
+
+
+def test_one_resolution_per_name_at_a_time_and_no_lock_left_behind(tmp_path, monkeypatch):
+    from kernelcore.lora import serving as serving_mod
+
+    class Engine:
+        def __init__(self):
+            self.added = []
+
+        async def add_lora(self, lora_id, path, name=None):
+            self.added.append(name)
+
+    calls = []
+
+    async def slow_resolve(registry, base, name):
+        calls.append(name)
+        await asyncio.sleep(0.05)
+        return ("fake", str(tmp_path)) if name.startswith("ok") else None
+
+    monkeypatch.setattr(serving_mod, "resolve", slow_resolve)
+    monkeypatch.setattr(serving_mod, "build_registry", lambda: None)
+    serving = serving_mod.LoRAServing.__new__(serving_mod.LoRAServing)
+    serving.engine, serving.base_model_name, serving.allow_runtime_updating = Engine(), "base", True
+    serving.adapters, serving._next_id, serving._locks = {}, 1, {}
+    serving.check = lambda path: None
+
+    async def main():
+        return await asyncio.gather(*(serving.get(n) for n in ["ok-a"] * 5 + ["nope"] * 3))
+
+    results = asyncio.run(main())
+    assert calls.count("ok-a") == 1 and serving.engine.added == ["ok-a"]
+    assert len({r.lora_id for r in results[:5]}) == 1 and results[5:] == [None] * 3
+    assert serving._locks == {}

@@ -8,11 +8,11 @@ start-up logs a warning. Static ``--lora-modules`` are the operator's and are no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 
 from kernelcore.lora.adapter import LoRAAdapterError, load_adapter
 from kernelcore.lora.resolver import build_registry, confine, resolve
@@ -59,10 +59,26 @@ class LoRAServing:
         self.supported_modules = lora_module_names(model_cls)
         self.adapters: dict[str, LoRARequest] = {}
         self._next_id = 1
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # name -> (lock, number of holders and waiters)
         if allow_runtime_updating and lora_root is None:
             logger.warning("Runtime LoRA loading is on without --lora-root or KC_LORA_RESOLVER_DIR: "
                            "/v1/load_lora_adapter accepts any local directory")
+
+    @contextlib.asynccontextmanager
+    async def _name_lock(self, name: str) -> AsyncIterator[None]:
+        """One load, unload or resolution per name at a time; the lock is dropped with its last user."""
+        lock, num_users = self._locks.get(name, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._locks[name] = (lock, num_users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, num_users = self._locks[name]
+            if num_users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, num_users - 1)
 
     def check(self, path: str) -> None:
         """Read and validate the adapter (raises LoRANotFoundError, LoRAAdapterError)."""
@@ -82,7 +98,7 @@ class LoRAServing:
             raise LoRAAdapterError("lora_path is required")
         if name == self.base_model_name:
             raise LoRAExistsError(f"The lora adapter '{name}' has the name of the base model.")
-        async with self._locks[name]:
+        async with self._name_lock(name):
             if name in self.adapters:
                 raise LoRAExistsError(f"The lora adapter '{name}' has already been loaded.")
             if is_runtime and self.lora_root is not None:
@@ -97,7 +113,7 @@ class LoRAServing:
             return lora
 
     async def unload(self, name: str) -> None:
-        async with self._locks[name]:
+        async with self._name_lock(name):
             lora = self.adapters.pop(name, None)
             if lora is None:
                 raise LoRAUnknownError(name)
@@ -108,24 +124,25 @@ class LoRAServing:
         lora = self.adapters.get(name)
         if lora is not None or not self.allow_runtime_updating:
             return lora
-        async with self._locks[name]:
-            if name in self.adapters:
-                return self.adapters[name]
-            found = await resolve(build_registry(), self.base_model_name, name)
-            if found is None:
-                return None
-            resolver, path = found
-            try:
-                await asyncio.to_thread(self.check, path)
-            except (OSError, ValueError) as exc:
-                raise LoRAAdapterError(f"LoRA adapter '{name}' was found by resolver {resolver!r} but could not be "
-                                       f"loaded: {exc}") from exc
-            lora = LoRARequest(name, self._next_id, path)
-            self._next_id += 1
-            await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
-            self.adapters[name] = lora
-            logger.info("LoRA adapter %r (id %d) resolved by %s: %s", name, lora.lora_id, resolver, path)
-            return lora
+        async with self._name_lock(name):
+            return self.adapters.get(name) or await self._resolve(name)
+
+    async def _resolve(self, name: str) -> LoRARequest | None:
+        found = await resolve(build_registry(), self.base_model_name, name)
+        if found is None:
+            return None
+        resolver, path = found
+        try:
+            await asyncio.to_thread(self.check, path)
+        except (OSError, ValueError) as exc:
+            raise LoRAAdapterError(f"LoRA adapter '{name}' was found by resolver {resolver!r} but could not be "
+                                   f"loaded: {exc}") from exc
+        lora = LoRARequest(name, self._next_id, path)
+        self._next_id += 1
+        await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
+        self.adapters[name] = lora
+        logger.info("LoRA adapter %r (id %d) resolved by %s: %s", name, lora.lora_id, resolver, path)
+        return lora
 
     def names_by_id(self) -> dict[int, str]:
         return {lora.lora_id: lora.name for lora in self.adapters.values()}

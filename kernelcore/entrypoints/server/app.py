@@ -54,6 +54,8 @@ class ServerState:
         """The name to echo for the requested model; unknown names are a 404."""
         if model is None or model in self.options.served_model_names:
             return self.model_name
+        if self.lora is not None and model in self.lora.adapters:
+            return model
         raise APIError(f"The model `{model}` does not exist.", 404, "model")
 
     async def resolve_model(self, model: str | None) -> tuple[str, int]:
