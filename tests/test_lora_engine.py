@@ -124,3 +124,20 @@ def test_prefix_cache_is_keyed_by_adapter():
     a, b = Request(_request("a", 1, prompt), 256), Request(_request("b", 2, prompt), 256)
     assert kv.hash_blocks(a) != kv.hash_blocks(b)
     assert kv.hash_blocks(Request(_request("c", 1, prompt), 256)) == kv.hash_blocks(a)
+
+
+def test_offline_llm_takes_a_lora_request_per_prompt(models):
+    from kernelcore import LLM, SamplingParams
+    from kernelcore.lora import LoRARequest
+
+    base, adapters = models["llama"]
+    llm = LLM(base, enable_lora=True, max_lora_rank=8, kv_cache_memory=1 << 24)
+    prompts = [random_tokens(n, seed=n) for n in (19, 23)]
+    loras = [LoRARequest("first", 7, adapters[0]), None]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                           SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False, lora_request=loras)
+    for output, prompt, lora in zip(outputs, prompts, loras):
+        ours = [entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], prompt[1:])]
+        ref = reference_prompt_logprobs(base, lora.path if lora else None, prompt)
+        assert ours == pytest.approx(ref, abs=5e-4)
+    llm.shutdown()

@@ -11,7 +11,7 @@ import os
 
 from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
-from kernelcore.engine.core_proc import (AbortRequests, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
+from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
                                          FromCore, ShutdownCore)
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
@@ -54,6 +54,9 @@ class MPEngineCoreClient:
     def add_request(self, request: EngineCoreRequest) -> None:
         self.channel.send(AddRequests([request]))
         self.unfinished.add(request.request_id)
+
+    def add_lora(self, lora_id: int, name: str, path: str) -> None:
+        self.channel.send(AddLora(lora_id, name, path))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:

@@ -49,6 +49,7 @@ class LLM:
             self.engine_core = EngineCore(self.config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
+        self._lora_paths: dict[int, str] = {}  # adapters the engine knows
 
     def shutdown(self) -> None:
         """Stop the engine (its processes, when multiprocess or tensor parallel)."""
@@ -59,19 +60,22 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: Any = None) -> list[RequestOutput]:
+        """``lora_request``: a :class:`~kernelcore.lora.LoRARequest` for every prompt, or a list (None = base model)."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = self._params_list(sampling_params, len(prompts))
+        lora_ids = self._lora_ids(lora_request, len(prompts))
         request_ids = []
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p, lora_id in zip(prompts, params, lora_ids):
                 if isinstance(prompt, str):
-                    request_ids.append(self._add_request(prompt, self._encode(prompt), p))
+                    request_ids.append(self._add_request(prompt, self._encode(prompt), p, lora_id))
                 elif "prompt_token_ids" in prompt:
-                    request_ids.append(self._add_request(prompt.get("prompt"), list(prompt["prompt_token_ids"]), p))
+                    request_ids.append(self._add_request(prompt.get("prompt"), list(prompt["prompt_token_ids"]), p,
+                                                         lora_id))
                 else:
-                    request_ids.append(self._add_request(prompt["prompt"], self._encode(prompt["prompt"]), p))
+                    request_ids.append(self._add_request(prompt["prompt"], self._encode(prompt["prompt"]), p, lora_id))
         except Exception:
             self._abort(request_ids)
             raise
@@ -94,15 +98,30 @@ class LLM:
             raise ValueError(f"got {len(sampling_params)} sampling params for {num_prompts} prompts")
         return list(sampling_params)
 
+    def _lora_ids(self, lora_request: Any, num_prompts: int) -> list[int]:
+        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * num_prompts
+        if len(loras) != num_prompts:
+            raise ValueError(f"got {len(loras)} LoRA requests for {num_prompts} prompts")
+        for lora in loras:
+            if lora is not None and self._lora_paths.get(lora.lora_id) != lora.path:
+                from kernelcore.lora.adapter import load_adapter
+
+                load_adapter(lora.path, self.config.lora.max_lora_rank)  # fail here, not inside a step
+                self.engine_core.add_lora(lora.lora_id, lora.name, lora.path)
+                self._lora_paths[lora.lora_id] = lora.path
+        return [lora.lora_id if lora is not None else 0 for lora in loras]
+
     def _encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: pass prompts as {'prompt_token_ids': [...]}")
         return encode_prompt(self.tokenizer, prompt)
 
-    def _add_request(self, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams) -> str:
+    def _add_request(self, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                     lora_id: int = 0) -> str:
         request_id = str(next(self._counter))
         params = params.clone(output_kind="final_only")
-        core_requests = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, self.eos_token_id)
+        core_requests = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, self.eos_token_id,
+                                                          lora_id)
         try:
             for core_request in core_requests:
                 self.engine_core.add_request(core_request)
