@@ -48,10 +48,16 @@ def make_engine(path: str, workload, adapters: list[str] | None, use_adapters: b
 
 
 def run_interleaved(engines: dict) -> dict:
-    """Step every engine in turn until all are done: each step of each side runs under the same machine load."""
+    """Step every engine in turn until all are done: each step of each side runs under the same machine load.
+
+    The order rotates every round, so no side always runs right after another (cache and position effects)."""
     totals = {name: dict(num_tokens=0, seconds=0.0, cpu_seconds=0.0) for name in engines}
+    names = list(engines)
+    round_index = 0
     while any(core.has_unfinished_requests() for core in engines.values()):
-        for name, core in engines.items():
+        round_index += 1
+        for name in names[round_index % len(names):] + names[:round_index % len(names)]:
+            core = engines[name]
             if not core.has_unfinished_requests():
                 continue
             start, cpu_start = time.perf_counter(), time.process_time()
