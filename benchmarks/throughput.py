@@ -89,9 +89,7 @@ def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_b
     from kernelcore import LLM, SamplingParams
 
     llm = LLM(path, dtype=dtype, max_model_len=2048, kv_cache_memory=kv_cache_memory, max_num_seqs=max_num_seqs,
-              max_num_batched_tokens=max_num_batched_tokens, multiprocess=multiprocess)
-    if threads and not multiprocess:
-        torch.set_num_threads(threads)  # the CPU worker set one thread per core; the benchmark's choice wins
+              max_num_batched_tokens=max_num_batched_tokens, multiprocess=multiprocess, num_threads=threads)
     # Warm-up on a token the workloads never use (they draw ids >= 4), so it leaves no prefix-cache hit behind.
     llm.generate([{"prompt_token_ids": [3] * 16}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
@@ -193,7 +191,7 @@ def _numel(shape) -> int:
               help="torch threads for both engines (default: one per core, what the CPU worker picks).")
 @click.option("--multiprocess", is_flag=True,
               help="Also run kernelcore through the engine-core process (LLM(multiprocess=True)) in the same run and "
-                   "print its overhead vs in-process (the core process always uses one thread per core).")
+                   "print its overhead vs in-process.")
 @click.option("--checkpoint-dir", type=click.Path(), default=None, help="Reuse/keep the random checkpoints here.")
 @click.option("--json-out", type=click.Path(), default=None, help="Also write the results as JSON.")
 def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, max_num_batched_tokens,
@@ -219,7 +217,7 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
                 kc_runs.append(run_kernelcore(path, work, dtype, max_num_seqs, max_num_batched_tokens, threads=threads))
                 if multiprocess:
                     mp_runs.append(run_kernelcore(path, work, dtype, max_num_seqs, max_num_batched_tokens,
-                                                  multiprocess=True))
+                                                  threads=threads, multiprocess=True))
                 if not skip_hf:
                     hf_runs.append(run_transformers(path, work, dtype, threads=threads))
             kc = statistics.median(r["tokens_per_s"] for r in kc_runs)

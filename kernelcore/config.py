@@ -35,6 +35,7 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     rank: int = 0
     worker_cls: str = "auto"
+    num_threads: int | None = None  # torch threads per worker; None = the CPU cores divided among the ranks
     distributed_init_method: str | None = None
 
 
