@@ -1,15 +1,18 @@
 """A LoRA-aware wrapper around a column- or row-parallel linear: every slot's A/B stacked, one batched delta.
 
-For ``S`` slots and ``n`` packed slices (q/k/v -> 3) of rank ``r`` each, ``lora_a`` is ``[S*n*r, in]`` and
-``lora_b`` is ``[out, S*n*r]`` (block-diagonal over the slices). Per step the model runner sets one adapter
-index per token; the manager turns it into ``scales [T, S]`` (the slot's scaling on the token's own slot,
-zero elsewhere), so ``delta = ((x @ A.T) * scales) @ B.T`` picks each token's adapter without a loop.
-A and B are sharded like the base weight: column layers split B's rows; row layers split A's columns, so
-their ``x @ A.T`` is a partial sum, all-reduced (a [T, S*n*r] tensor) before the replicated B.
+For ``S`` slots and ``n`` packed slices (q/k/v -> 3, gate/up -> 2) of rank ``r`` each, ``lora_a`` is
+``[S*n*r, in]`` (one shrink matmul for every slot and slice) and slice ``i`` has its own ``lora_b_i``
+``[out_i, S*r]``. Per step the model runner sets one adapter index per token; the manager turns it into
+``scales [T, S]`` (the slot's scaling on the token's own slot, zero elsewhere), so
+``delta_i = ((x @ A.T) * scales)_i @ B_i.T`` picks each token's adapter without a loop over requests.
+A and B are sharded like the base weight: column layers split B's rows (the layer's own ``weight_loader``
+places q/k/v and gate/up rows); row layers split A's columns, so their ``x @ A.T`` is a partial sum,
+all-reduced (a small ``[T, S*n*r]`` tensor) before the replicated B.
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any, Callable
 
 import torch
@@ -17,7 +20,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.distributed import get_tp_group
-from kernelcore.layers.linear import LinearBase, RowParallelLinear
+from kernelcore.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinear
+
+
+def slice_rows(base: LinearBase, num_slices: int) -> list[tuple[int, int]]:
+    """This rank's output rows of each packed slice."""
+    if num_slices == 1:
+        return [(0, base.output_size)]
+    if isinstance(base, QKVParallelLinear):
+        sizes = [base.q_size, base.kv_size, base.kv_size]
+    else:  # MergedColumnParallelLinear
+        sizes = [size // base.tp_size for size in base.output_sizes]
+    ends = list(accumulate(sizes))
+    return [(end - size, end) for size, end in zip(sizes, ends)]
 
 
 class LoRALinear(nn.Module):
@@ -26,45 +41,44 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base, self.shard_ids, self.token_scales = base, shard_ids, token_scales
         self.is_row = isinstance(base, RowParallelLinear)
-        self.num_slots, self.max_rank = num_slots, max_rank
-        self.slot_width = len(shard_ids) * max_rank
-        dtype = base.weight.dtype
-        self.register_buffer("lora_a", torch.zeros(num_slots * self.slot_width, base.input_size, dtype=dtype),
+        self.num_slots, self.max_rank, self.num_slices = num_slots, max_rank, len(shard_ids)
+        self.rows = slice_rows(base, self.num_slices)
+        like = dict(dtype=base.weight.dtype, device=base.weight.device)
+        self.register_buffer("lora_a", torch.zeros(num_slots * self.num_slices * max_rank, base.input_size, **like),
                              persistent=False)
-        self.register_buffer("lora_b", torch.zeros(base.output_size, num_slots * self.slot_width, dtype=dtype),
-                             persistent=False)
+        self.lora_b = [torch.zeros(end - start, num_slots * max_rank, **like) for start, end in self.rows]
+        for i, b in enumerate(self.lora_b):
+            self.register_buffer(f"lora_b_{i}", b, persistent=False)
         self.is_slot_set = [False] * num_slots
 
     def set_slot(self, slot: int, pairs: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
         """Load one adapter's (A, B) per slice (None: slice not targeted) into ``slot``, sharded for this rank."""
-        width, base = self.slot_width, self.base
-        a = self.lora_a[slot * width:(slot + 1) * width]
-        b = self.lora_b[:, slot * width:(slot + 1) * width]
-        a.zero_()
-        b.zero_()
-        for i, (shard_id, pair) in enumerate(zip(self.shard_ids, pairs)):
+        self.clear_slot(slot)
+        base, r = self.base, self.max_rank
+        for i, (shard_id, pair, (start, end)) in enumerate(zip(self.shard_ids, pairs, self.rows)):
             if pair is None:
                 continue
-            lora_a, lora_b = pair
+            lora_a, lora_b = (t.to(self.lora_a.dtype) for t in pair)
             rank = lora_a.shape[0]
-            cols = slice(i * self.max_rank, i * self.max_rank + rank)
+            a_rows = slice((slot * self.num_slices + i) * r, (slot * self.num_slices + i) * r + rank)
+            b_cols = slice(slot * r, slot * r + rank)
             if self.is_row:  # A split along the input features like the weight; B replicated
-                shard = torch.empty(rank, base.input_size, dtype=a.dtype)
-                base.weight_loader(shard, lora_a.to(a.dtype))
-                a[cols] = shard
-                b[:, cols] = lora_b
-            else:  # A replicated; B's rows placed and split exactly as the weight's (q/k/v, gate/up offsets)
-                shard = torch.zeros(base.output_size, rank, dtype=b.dtype)
-                args = () if shard_id is None else (shard_id,)
-                base.weight_loader(shard, lora_b.to(b.dtype), *args)
-                a[cols] = lora_a
-                b[:, cols] = shard
+                shard = torch.empty(rank, base.input_size, dtype=lora_a.dtype)
+                base.weight_loader(shard, lora_a)
+                self.lora_a[a_rows] = shard
+                self.lora_b[i][:, b_cols] = lora_b
+            else:  # A replicated; B's rows placed and split exactly as the weight's
+                shard = torch.zeros(base.output_size, rank, dtype=lora_b.dtype)
+                base.weight_loader(shard, lora_b, *(() if shard_id is None else (shard_id,)))
+                self.lora_a[a_rows] = lora_a
+                self.lora_b[i][:, b_cols] = shard[start:end]
         self.is_slot_set[slot] = any(p is not None for p in pairs)
 
     def clear_slot(self, slot: int) -> None:
-        width = self.slot_width
+        width = self.num_slices * self.max_rank
         self.lora_a[slot * width:(slot + 1) * width].zero_()
-        self.lora_b[:, slot * width:(slot + 1) * width].zero_()
+        for b in self.lora_b:
+            b[:, slot * self.max_rank:(slot + 1) * self.max_rank].zero_()
         self.is_slot_set[slot] = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,5 +90,11 @@ class LoRALinear(nn.Module):
         shrink = F.linear(x, self.lora_a)
         if self.is_row and base.tp_size > 1:
             shrink = get_tp_group().all_reduce(shrink)
-        shrink = (shrink.view(num_tokens, self.num_slots, self.slot_width) * scales.unsqueeze(-1)).view(num_tokens, -1)
-        return base(x).addmm_(shrink, self.lora_b.t())
+        shrink = shrink.view(num_tokens, self.num_slots, self.num_slices * self.max_rank) * scales.unsqueeze(-1)
+        y = base(x)
+        if self.num_slices == 1:
+            return y.addmm_(shrink.view(num_tokens, -1), self.lora_b[0].t())
+        shrink = shrink.view(num_tokens, self.num_slots, self.num_slices, self.max_rank)
+        for i, (start, end) in enumerate(self.rows):  # q/k/v or gate/up: at most three slices
+            y[:, start:end].addmm_(shrink[:, :, i].reshape(num_tokens, -1), self.lora_b[i].t())
+        return y

@@ -34,8 +34,9 @@ class LoRAModelManager:
         self.cpu_cache: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self.slot_ids: list[int | None] = [None] * self.num_slots
         self.slot_lru: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.num_slots))  # front = reused first
-        self.dtype = next(model.parameters()).dtype
-        self.slot_scaling = torch.zeros(self.num_slots + 1, dtype=self.dtype)  # index 0 = the base model
+        weight = next(model.parameters())
+        self.dtype = weight.dtype
+        self.slot_scaling = torch.zeros(self.num_slots + 1, dtype=self.dtype, device=weight.device)  # 0 = base model
         self.targets: dict[str, tuple[LoRALinear, int]] = {}  # PEFT module path -> (layer, slice index)
         self.layers = self._wrap(model)
         self._ids: torch.Tensor | None = None
@@ -68,6 +69,7 @@ class LoRAModelManager:
             return None
         if ids is not self._ids:
             self._ids = ids
+            ids = ids.to(self.slot_scaling.device)
             self._scales = F.one_hot(ids, self.num_slots + 1)[:, 1:].to(self.dtype) * self.slot_scaling[1:]
         return self._scales
 
