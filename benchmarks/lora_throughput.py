@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
 def make_engine(path: str, workload, adapters: list[str] | None, use_adapters: bool, max_num_seqs: int,
-                max_num_batched_tokens: int):
+                max_num_batched_tokens: int, num_threads: int | None = None):
     from kernelcore.config_builder import build_config
     from kernelcore.engine.core import EngineCore
     from kernelcore.engine.request import EngineCoreRequest
@@ -36,7 +36,8 @@ def make_engine(path: str, workload, adapters: list[str] | None, use_adapters: b
 
     lora = dict(enable_lora=True, max_loras=4, max_lora_rank=8) if adapters else {}
     core = EngineCore(build_config(model=path, max_model_len=2048, kv_cache_memory=512 << 20,
-                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, **lora))
+                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                   num_threads=num_threads, **lora))
     for i, adapter in enumerate(adapters or []):
         core.add_lora(i + 1, f"adapter-{i}", adapter)
     for i, (prompt, num_out) in enumerate(workload):
@@ -101,7 +102,7 @@ def main(shape, workload_name, num_runs, quick, max_num_seqs, max_num_batched_to
     sides = {"base": (None, False), "lora": (adapters, True), "lora-idle": (adapters, False)}
     results = {name: [] for name in sides}
     for run in range(num_runs):
-        engines = {name: make_engine(path, workload, side_adapters, use, max_num_seqs, max_num_batched_tokens)
+        engines = {name: make_engine(path, workload, side_adapters, use, max_num_seqs, max_num_batched_tokens, threads)
                    for name, (side_adapters, use) in sides.items()}
         for name, result in run_interleaved(engines).items():
             assert result["num_tokens"] == sum(n for _, n in workload)

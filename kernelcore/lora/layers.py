@@ -1,8 +1,8 @@
 """A LoRA-aware wrapper around a column- or row-parallel linear: every slot's A/B stacked, one batched delta.
 
 For ``S`` slots and ``n`` packed slices (q/k/v -> 3, gate/up -> 2) of rank ``r`` each, ``lora_a`` is
-``[S*n*r, in]`` (one shrink matmul for every slot and slice) and slice ``i`` has its own ``lora_b_i``
-``[out_i, S*r]``. Per step the model runner sets one adapter index per token; the manager turns it into
+``[n*S*r, in]``, slice-major (one shrink matmul for every slot and slice), and slice ``i`` has its own
+``lora_b_i`` ``[out_i, S*r]``: the expand reads slice ``i`` of the shrink as a strided view, no copy. Per step the model runner sets one adapter index per token; the manager turns it into
 ``scales [T, S]`` (the slot's scaling on the token's own slot, zero elsewhere), so
 ``delta_i = ((x @ A.T) * scales)_i @ B_i.T`` picks each token's adapter without a loop over requests.
 A and B are sharded like the base weight: column layers split B's rows (the layer's own ``weight_loader``
@@ -60,7 +60,7 @@ class LoRALinear(nn.Module):
                 continue
             lora_a, lora_b = (t.to(self.lora_a.dtype) for t in pair)
             rank = lora_a.shape[0]
-            a_rows = slice((slot * self.num_slices + i) * r, (slot * self.num_slices + i) * r + rank)
+            a_rows = slice((i * self.num_slots + slot) * r, (i * self.num_slots + slot) * r + rank)
             b_cols = slice(slot * r, slot * r + rank)
             if self.is_row:  # A split along the input features like the weight; B replicated
                 shard = torch.empty(rank, base.input_size, dtype=lora_a.dtype)
@@ -75,10 +75,10 @@ class LoRALinear(nn.Module):
         self.is_slot_set[slot] = any(p is not None for p in pairs)
 
     def clear_slot(self, slot: int) -> None:
-        width = self.num_slices * self.max_rank
-        self.lora_a[slot * width:(slot + 1) * width].zero_()
-        for b in self.lora_b:
-            b[:, slot * self.max_rank:(slot + 1) * self.max_rank].zero_()
+        r = self.max_rank
+        for i, b in enumerate(self.lora_b):
+            self.lora_a[(i * self.num_slots + slot) * r:(i * self.num_slots + slot + 1) * r].zero_()
+            b[:, slot * r:(slot + 1) * r].zero_()
         self.is_slot_set[slot] = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,11 +90,8 @@ class LoRALinear(nn.Module):
         shrink = F.linear(x, self.lora_a)
         if self.is_row and base.tp_size > 1:
             shrink = get_tp_group().all_reduce(shrink)
-        shrink = shrink.view(num_tokens, self.num_slots, self.num_slices * self.max_rank) * scales.unsqueeze(-1)
+        shrink = shrink.view(num_tokens, self.num_slices, self.num_slots, self.max_rank) * scales[:, None, :, None]
         y = base(x)
-        if self.num_slices == 1:
-            return y.addmm_(shrink.view(num_tokens, -1), self.lora_b[0].t())
-        shrink = shrink.view(num_tokens, self.num_slots, self.num_slices, self.max_rank)
         for i, (start, end) in enumerate(self.rows):  # q/k/v or gate/up: at most three slices
-            y[:, start:end].addmm_(shrink[:, :, i].reshape(num_tokens, -1), self.lora_b[i].t())
+            y[:, start:end].addmm_(shrink[:, i].flatten(1), self.lora_b[i].t())
         return y
