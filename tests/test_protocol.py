@@ -126,3 +126,9 @@ def test_unknown_fields_logged_once(caplog):
         completion(some_unknown_field=1)
         completion(some_unknown_field=2)
     assert sum("some_unknown_field" in r.message for r in caplog.records) == 1
+
+
+def test_token_strings_without_a_tokenizer_fall_back_to_ids():
+    from kernelcore.entrypoints.server.logprobs import token_str
+
+    assert token_str(None, 42, None, as_ids=False) == "token_id:42"

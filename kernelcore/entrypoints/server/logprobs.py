@@ -15,7 +15,7 @@ def _value(logprob: float) -> float:
 
 
 def token_str(tokenizer: Any, token_id: int, entry: Logprob | None, as_ids: bool) -> str:
-    if as_ids:
+    if as_ids or tokenizer is None:  # a checkpoint without a tokenizer: ids are all there is
         return f"token_id:{token_id}"
     if entry is not None and entry.decoded_token is not None:
         return entry.decoded_token
