@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import subprocess
 
 import aiohttp
 import pytest
@@ -14,7 +12,7 @@ import requests
 
 from conftest_models import make_llama_checkpoint
 from lora_helpers import make_peft_adapter
-from test_server_e2e import start_server
+from test_server_e2e import start_server, stop_server
 
 PROMPT = [5, 9, 14, 3, 7, 11, 2, 8, 40, 41]
 GREEDY = {"prompt": PROMPT, "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True}  # no tokenizer
@@ -48,20 +46,11 @@ def _serve(dirs, *extra: str, runtime: bool = True):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 @pytest.fixture(scope="module")
 def url(dirs):
     proc, url = _serve(dirs)
     yield url
-    _stop(proc)
+    stop_server(proc)
 
 
 def complete(url: str, model: str, max_tokens: int = 6) -> requests.Response:
@@ -167,4 +156,4 @@ def test_without_the_runtime_flag_resolvers_are_not_consulted(dirs):
         r = requests.post(url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": dirs["adapters"]})
         assert r.status_code == 404
     finally:
-        _stop(proc)
+        stop_server(proc)

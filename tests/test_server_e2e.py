@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import socket
@@ -50,17 +49,21 @@ def start_server(*args: str, timeout: float = 180) -> tuple[subprocess.Popen, st
     raise RuntimeError("server did not become healthy in time")
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc, url = start_server("--max-model-len", str(MAX_MODEL_LEN), "--api-key", API_KEY,
-                             "--max-request-body-bytes", str(MAX_BODY), "--shutdown-timeout", "2")
-    yield proc, url
+def stop_server(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server("--max-model-len", str(MAX_MODEL_LEN), "--api-key", API_KEY,
+                             "--max-request-body-bytes", str(MAX_BODY), "--shutdown-timeout", "2")
+    yield proc, url
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ first (FCFS), preemption by recompute when KV blocks run out."""
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
 from kernelcore.config import KernelConfig

@@ -6,7 +6,6 @@ import importlib
 import logging
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 logger = logging.getLogger("kernelcore.models")
 
