@@ -39,6 +39,7 @@ class CpuPlatform(Platform):
 def _has_fast_bf16() -> bool:
     try:
         with open("/proc/cpuinfo") as f:
-            return "avx512_bf16" in f.read() or "amx_bf16" in f.read()
+            flags = f.read()
+        return "avx512_bf16" in flags or "amx_bf16" in flags
     except OSError:
         return os.uname().machine == "arm64"
