@@ -34,6 +34,7 @@ VARIABLES: dict[str, Callable[[str | None], Any]] = {
     "KC_LORA_HF_REPOS": _csv,
     "KC_ALLOW_RUNTIME_LORA_UPDATING": _bool,
     "KC_READY_TIMEOUT": lambda v: float(v or 300),
+    "KC_CPU_NATIVE_KERNELS": lambda v: v is None or _bool(v),  # 0 = the CPU platform uses torch ops only
 }
 
 _frozen: dict[str, Any] | None = None

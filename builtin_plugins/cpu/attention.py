@@ -7,11 +7,17 @@ import torch
 from kernelcore.attention.backend import AttentionBackend, AttentionImpl
 from kernelcore.attention.metadata import AttentionMetadata
 
+from builtin_plugins.cpu.native import load_paged_decode_kernel
+
 _flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, logsumexp)
 
 
 class CpuAttentionImpl(AttentionImpl):
     group_bytes = 2 << 20
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__(num_heads, head_size, scale, num_kv_heads)
+        self.native_decode = load_paged_decode_kernel()  # None: no compiler here, the torch path below runs
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -102,6 +108,13 @@ class CpuAttentionImpl(AttentionImpl):
         return out.view(q.shape[0], -1)
 
     def _decode(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):
+        """One query per sequence: the native kernel reads each cached K/V row once, in place."""
+        kernel = self.native_decode
+        if kernel is not None and kernel.supports(q.dtype, self.num_heads, self.num_kv_heads):
+            return kernel(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, self.scale)
+        return self._decode_torch(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch)
+
+    def _decode_torch(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):
         """One query per sequence. K/V rows are gathered straight into [B, Hkv, L, D] (one copy, rows
         indexed once per step for all layers), then a masked matmul-softmax-matmul over the padded length."""
         num_seqs, block_size = q.shape[0], k_cache.shape[1]

@@ -1,0 +1,115 @@
+"""The CPU platform's native decode-attention kernel: built with the machine's C++ compiler at first use.
+
+The source (csrc/paged_attention.cpp) includes no torch headers, so a build takes about a second; the shared
+library is cached under ``$KC_CACHE_DIR/cpu-kernels`` keyed by the source, the flags, the compiler and the
+CPU, and loaded with ctypes. Without a compiler (or with ``KC_CPU_NATIVE_KERNELS=0``) the attention backend
+keeps its torch implementation; the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kernelcore import envs
+
+logger = logging.getLogger("kernelcore.cpu")
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+# -ffast-math only when compiling (it lets exp and the float reductions vectorise); linking without it keeps
+# crtfastmath.o, which would flush denormals for the whole process, out of the library.
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17"]
+LINK_FLAGS = ["-shared", "-fopenmp"]
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class PagedDecodeKernel:
+    """``out = softmax(q k^T * scale) v`` for one query per sequence, K/V read from the paged cache."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._fn = library.kc_paged_decode
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        self._fn.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64,
+                             ctypes.c_float, ctypes.c_int]
+        self._fn.restype = ctypes.c_int
+
+    def supports(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int) -> bool:
+        return dtype in DTYPE_CODES and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 64
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, max_seq_len: int, scale: float) -> torch.Tensor:
+        """q [B, H, D]; k/v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] and
+        seq_lens [B] int64 -> [B, H, D]."""
+        q = q.contiguous()
+        block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
+        num_seqs, num_heads, head_size = q.shape
+        out = torch.empty_like(q)
+        status = self._fn(DTYPE_CODES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                          block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads,
+                          k_cache.shape[2], head_size, k_cache.shape[1], block_tables.shape[1], max_seq_len,
+                          scale, torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"kc_paged_decode rejected its arguments (heads {num_heads}/{k_cache.shape[2]})")
+        return out
+
+
+@functools.cache
+def load_paged_decode_kernel() -> PagedDecodeKernel | None:
+    """The compiled kernel, or None (logged once) when it cannot be built here."""
+    if not envs.KC_CPU_NATIVE_KERNELS:
+        logger.info("KC_CPU_NATIVE_KERNELS=0: CPU decode attention uses torch ops")
+        return None
+    try:
+        return PagedDecodeKernel(ctypes.CDLL(str(_build())))
+    except Exception as exc:  # no compiler, a failed build, an unloadable library: torch ops still work
+        logger.warning("CPU decode-attention kernel unavailable (%s); using torch ops (slower)", exc)
+        return None
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
+                 _compiler_version(compiler).encode(), _cpu_id().encode()):
+        key.update(part)
+    out_dir = Path(envs.KC_CACHE_DIR) / "cpu-kernels"
+    library = out_dir / f"paged_attention-{key.hexdigest()[:16]}.so"
+    if library.exists():
+        return library
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        obj, tmp_lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+        for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+                    [compiler, *LINK_FLAGS, str(obj), "-o", str(tmp_lib)]):
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if result.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()[-2000:]}")
+        os.replace(tmp_lib, library)  # atomic: concurrent workers building the same key both end up with it
+    logger.info("built the CPU decode-attention kernel: %s", library)
+    return library
+
+
+def _compiler_version(compiler: str) -> str:
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+
+
+def _cpu_id() -> str:
+    """-march=native ties the library to this CPU model and its flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return os.uname().machine
+    wanted = ("model name", "flags")
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
