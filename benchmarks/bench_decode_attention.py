@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from builtin_plugins.cpu.attention import CpuAttentionImpl
+from builtin_plugins.cpu.attention import CpuAttentionBackend, CpuAttentionImpl
 
 SHAPES = {"llama": (12, 4, 64), "opt": (12, 12, 64)}  # heads, kv heads, head size
 
@@ -50,8 +50,8 @@ def main() -> None:
                 batch, context = map(int, case.split("x"))
                 block_size, blocks_per_seq = 16, -(-context // 16)
                 num_blocks = batch * blocks_per_seq
-                k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_size).to(dtype)
-                v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_size).to(dtype)
+                k_cache, v_cache = torch.randn(CpuAttentionBackend.get_kv_cache_shape(
+                    num_blocks, block_size, num_kv_heads, head_size)).to(dtype)
                 block_tables = torch.randperm(num_blocks).view(batch, blocks_per_seq)
                 seq_lens = torch.full((batch,), context)
                 q = torch.randn(batch, num_heads, head_size).to(dtype)

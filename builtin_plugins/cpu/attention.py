@@ -1,4 +1,9 @@
-"""The CPU attention backend: paged KV cache, batched decode, causal prefill chunks from any offset."""
+"""The CPU attention backend: paged KV cache, batched decode, causal prefill chunks from any offset.
+
+Cache layout (get_kv_cache_shape): [2, num_blocks, num_kv_heads, block_size, head_size], the keys of each
+(block, kv head) stored transposed as [head_size, block_size]. Decode runs the native kernel
+(builtin_plugins/cpu/native.py) when it could be built, torch ops otherwise; prefill runs torch's flash kernel.
+"""
 
 from __future__ import annotations
 
@@ -27,9 +32,8 @@ class CpuAttentionImpl(AttentionImpl):
         v = v.reshape(num_tokens, num_kv_heads, head_size)
         if kv_cache is None:
             return self._prefill_no_cache(q, k, v, metadata)
-        k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, Hkv, D]
-        k_cache.view(-1, num_kv_heads, head_size).index_copy_(0, metadata.slot_mapping, k)
-        v_cache.view(-1, num_kv_heads, head_size).index_copy_(0, metadata.slot_mapping, v)
+        k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, Hkv, block_size, D]; keys stored transposed
+        self._write_kv(k, v, k_cache, v_cache, metadata)
         if metadata.is_all_decode:
             return self._decode(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
                                 metadata.max_seq_len, metadata.scratch).view(num_tokens, -1)
@@ -46,7 +50,8 @@ class CpuAttentionImpl(AttentionImpl):
             block_tables, decode_seq_lens = metadata.scratch["decode_idx"]
             out[rows] = self._decode(q[rows], k_cache, v_cache, block_tables, decode_seq_lens, max_len,
                                      metadata.scratch)
-        block_size = k_cache.shape[1]
+        block_size = k_cache.shape[2]
+        keys_t = _keys_transposed(k_cache)
         for i, num_q in enumerate(query_lens):
             if num_q == 1:
                 continue
@@ -57,11 +62,23 @@ class CpuAttentionImpl(AttentionImpl):
                 continue
             # A chunk after cached tokens (chunked prefill, prefix-cache hit): only the cached prefix is gathered.
             blocks = metadata.block_tables[i, : -(-context_len // block_size)]
-            k_prefix = k_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
-            v_prefix = v_cache.index_select(0, blocks).flatten(0, 1)[:context_len]
+            # [Hkv, C, D], made contiguous: the flash kernel misreads a last dimension with stride != 1
+            k_prefix = keys_t[blocks].permute(1, 0, 3, 2).flatten(1, 2)[:, :context_len].contiguous()
+            v_prefix = v_cache[blocks].transpose(0, 1).flatten(1, 2)[:, :context_len]
             out[s:s + num_q] = self._chunk_after_prefix(q[s:s + num_q], k[s:s + num_q], v[s:s + num_q],
                                                         k_prefix, v_prefix)
         return out.view(num_tokens, -1)
+
+    @staticmethod
+    def _write_kv(k, v, k_cache, v_cache, metadata) -> None:
+        """Each new token's key into column ``offset`` of its block's [D, block_size] key slab, its value
+        into row ``offset`` of the [block_size, D] value slab."""
+        if "slot_block" not in metadata.scratch:  # once per step, shared by every layer
+            block_size = k_cache.shape[2]
+            metadata.scratch["slot_block"] = (metadata.slot_mapping // block_size, metadata.slot_mapping % block_size)
+        blocks, offsets = metadata.scratch["slot_block"]
+        _keys_transposed(k_cache)[blocks, :, :, offsets] = k
+        v_cache[blocks, :, offsets] = v
 
     # Prefill goes through torch's flash-attention CPU kernel without a mask: an explicit mask (or 3-D inputs,
     # or enable_gqa) sends scaled_dot_product_attention to its slow math path (2-3x slower at 512 tokens).
@@ -81,7 +98,7 @@ class CpuAttentionImpl(AttentionImpl):
         return self._flash(q.transpose(0, 1), self._heads_first(k), self._heads_first(v), True)[0].transpose(0, 1)
 
     def _chunk_after_prefix(self, q, k, v, k_prefix, v_prefix):
-        """New tokens q/k/v [Lq, ...] after C cached ones (k/v_prefix [C, Hkv, D]) -> [Lq, H, D].
+        """New tokens q/k/v [Lq, ...] after C cached ones (k/v_prefix [Hkv, C, D]) -> [Lq, H, D].
 
         Split in two maskless flash calls merged by their log-sum-exps: every query sees the whole prefix
         (no mask; the GQA group folds into the query rows, so K/V are not repeated), and the new tokens
@@ -91,7 +108,7 @@ class CpuAttentionImpl(AttentionImpl):
         group = num_heads // num_kv_heads
         q_folded = q.view(num_q, num_kv_heads, group, head_size).permute(1, 2, 0, 3).reshape(
             num_kv_heads, group * num_q, head_size)
-        out_prefix, lse_prefix = self._flash(q_folded, k_prefix.transpose(0, 1), v_prefix.transpose(0, 1), False)
+        out_prefix, lse_prefix = self._flash(q_folded, k_prefix, v_prefix, False)
         out_prefix = out_prefix.reshape(num_heads, num_q, head_size)
         lse_prefix = lse_prefix.reshape(num_heads, num_q)
         out_new, lse_new = self._flash(q.transpose(0, 1), self._heads_first(k), self._heads_first(v), True)
@@ -115,34 +132,35 @@ class CpuAttentionImpl(AttentionImpl):
         return self._decode_torch(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch)
 
     def _decode_torch(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):
-        """One query per sequence. K/V rows are gathered straight into [B, Hkv, L, D] (one copy, rows
-        indexed once per step for all layers), then a masked matmul-softmax-matmul over the padded length."""
-        num_seqs, block_size = q.shape[0], k_cache.shape[1]
-        num_kv_heads, head_size = self.num_kv_heads, self.head_size
-        key = ("decode", num_kv_heads, max_seq_len, block_tables.data_ptr())
-        if key not in scratch:
-            num_blocks = -(-max_seq_len // block_size)
-            length = num_blocks * block_size
-            pos = torch.arange(length)
-            slots = block_tables[:, :num_blocks].repeat_interleave(block_size, dim=1) * block_size + pos % block_size
-            rows = slots[:, None, :] * num_kv_heads + torch.arange(num_kv_heads)[None, :, None]  # [B, Hkv, L]
+        """The path without the native kernel: each sequence's blocks gathered into [B, Hkv, D, L] keys and
+        [B, Hkv, L, D] values, then a masked matmul-softmax-matmul over the padded length."""
+        num_seqs, (_, num_kv_heads, block_size, head_size) = q.shape[0], v_cache.shape
+        num_blocks = -(-max_seq_len // block_size)
+        length = num_blocks * block_size
+        key = ("decode_bias", max_seq_len, block_tables.data_ptr())
+        if key not in scratch:  # the length mask, once per step for all layers
             bias = torch.zeros(num_seqs, 1, 1, length, dtype=q.dtype)
-            bias.masked_fill_((pos[None, :] >= seq_lens[:, None])[:, None, None, :], float("-inf"))
-            scratch[key] = (rows.flatten(), bias, length)
-        rows, bias, length = scratch[key]
+            bias.masked_fill_((torch.arange(length)[None, :] >= seq_lens[:, None])[:, None, None, :], float("-inf"))
+            scratch[key] = bias
+        bias, keys_t = scratch[key], _keys_transposed(k_cache)
         qg = q.view(num_seqs, num_kv_heads, -1, head_size)  # GQA: a kv head's query group shares its keys
         out = torch.empty_like(qg)
         # Sequences in groups whose gathered K/V stay in cache (~2 MiB) between the gather and the matmuls.
         group = max(1, self.group_bytes // (2 * num_kv_heads * length * head_size * q.element_size()))
-        rows = rows.view(num_seqs, -1)
         for s in range(0, num_seqs, group):
             e = min(s + group, num_seqs)
-            shape = (e - s, num_kv_heads, length, head_size)
-            keys = k_cache.view(-1, head_size).index_select(0, rows[s:e].flatten()).view(shape)
-            values = v_cache.view(-1, head_size).index_select(0, rows[s:e].flatten()).view(shape)
-            scores = torch.matmul(qg[s:e], keys.transpose(-1, -2)).mul_(self.scale).add_(bias[s:e])
+            blocks = block_tables[s:e, :num_blocks]
+            keys = keys_t[blocks].permute(0, 2, 3, 1, 4).reshape(e - s, num_kv_heads, head_size, length)
+            values = v_cache[blocks].transpose(1, 2).reshape(e - s, num_kv_heads, length, head_size)
+            scores = torch.matmul(qg[s:e], keys).mul_(self.scale).add_(bias[s:e])
             torch.matmul(torch.softmax(scores, dim=-1), values, out=out[s:e])
         return out.view(num_seqs, self.num_heads, head_size)
+
+
+def _keys_transposed(k_cache: torch.Tensor) -> torch.Tensor:
+    """The key cache as stored: [num_blocks, Hkv, D, block_size]."""
+    num_blocks, num_kv_heads, block_size, head_size = k_cache.shape
+    return k_cache.view(num_blocks, num_kv_heads, head_size, block_size)
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -153,3 +171,9 @@ class CpuAttentionBackend(AttentionBackend):
     @classmethod
     def get_impl_cls(cls) -> type[AttentionImpl]:
         return CpuAttentionImpl
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+        """Head-major blocks: values [block_size, D] per (block, kv head); keys use the same memory as
+        [D, block_size] (a decode query then meets a whole block of keys per vector step)."""
+        return (2, num_blocks, num_kv_heads, block_size, head_size)

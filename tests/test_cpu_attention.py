@@ -1,0 +1,157 @@
+"""The CPU attention backend against a dense reference: the native decode kernel, the torch fallback, the
+cache layout's write path and mixed batches (decodes + chunks after a cached prefix + fresh prefills)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from builtin_plugins.cpu.attention import CpuAttentionBackend, CpuAttentionImpl
+from builtin_plugins.cpu.native import load_paged_decode_kernel
+from kernelcore.attention.metadata import AttentionMetadata
+from tests.helpers import run_python
+
+SHAPES = [  # heads, kv heads, head size, block size
+    (12, 4, 64, 16),  # Llama GQA
+    (12, 12, 64, 16),  # OPT
+    (8, 2, 80, 32),  # head size and block size without a specialised build
+    (4, 1, 128, 8),
+]
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def dense_attention(q, keys, values, scale, causal_from=None):
+    """q [Lq, H, D], keys/values [L, Hkv, D] (float32 math); query j sees keys 0..causal_from + j."""
+    group = q.shape[1] // keys.shape[1]
+    keys, values = keys.float().repeat_interleave(group, 1), values.float().repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
+    if causal_from is not None:
+        allowed = torch.arange(keys.shape[0])[None, :] <= causal_from + torch.arange(q.shape[0])[:, None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
+
+
+def make_cache(num_blocks, block_size, num_kv_heads, head_size, dtype):
+    shape = CpuAttentionBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+    return torch.zeros(shape, dtype=dtype)
+
+
+def metadata_for(seqs, block_size, num_blocks, generator):
+    """seqs: (context_len, query_len) per sequence; shuffled block tables."""
+    blocks_needed = [-(-(c + n) // block_size) for c, n in seqs]
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    tables, slots = [], []
+    for (context, num_q), need in zip(seqs, blocks_needed):
+        table, order = order[:need], order[need:]
+        tables.append(table + [0] * (max(blocks_needed) - need))
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(context, context + num_q)]
+    query_lens = [n for _, n in seqs]
+    seq_lens = [c + n for c, n in seqs]
+    starts = torch.tensor([0] + query_lens).cumsum(0)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots), query_start_loc=starts, seq_lens=torch.tensor(seq_lens),
+        context_lens=torch.tensor([c for c, _ in seqs]), block_tables=torch.tensor(tables),
+        query_lens_list=query_lens, seq_lens_list=seq_lens, max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens))
+
+
+def run_steps(impl, steps, block_size, dtype, seed=0):
+    """Feed each sequence's tokens through ``impl`` step by step; return (outputs, reference) per step.
+
+    steps: one list of (context_len, query_len) per step, the same sequences in every step, contexts
+    continuing where the previous step left them."""
+    generator = torch.Generator().manual_seed(seed)
+    num_heads, num_kv_heads, head_size = impl.num_heads, impl.num_kv_heads, impl.head_size
+    total = [steps[-1][i][0] + steps[-1][i][1] for i in range(len(steps[0]))]
+    num_blocks = sum(-(-t // block_size) for t in total) + 3
+    kv_cache = make_cache(num_blocks, block_size, num_kv_heads, head_size, dtype)
+    metadata = metadata_for(steps[-1], block_size, num_blocks, generator)  # the tables cover the last step
+    history_k = [torch.empty(0, num_kv_heads, head_size, dtype=dtype) for _ in total]
+    history_v = [torch.empty(0, num_kv_heads, head_size, dtype=dtype) for _ in total]
+    results = []
+    for step in steps:
+        step_meta = metadata_for(step, block_size, num_blocks, torch.Generator())
+        step_meta.block_tables = metadata.block_tables[:, : step_meta.block_tables.shape[1]].clone()
+        step_meta.slot_mapping = torch.tensor([
+            int(step_meta.block_tables[i, p // block_size]) * block_size + p % block_size
+            for i, (c, n) in enumerate(step) for p in range(c, c + n)])
+        num_tokens = sum(n for _, n in step)
+        q = torch.randn(num_tokens, num_heads, head_size, generator=generator).to(dtype)
+        k = torch.randn(num_tokens, num_kv_heads, head_size, generator=generator).to(dtype)
+        v = torch.randn(num_tokens, num_kv_heads, head_size, generator=generator).to(dtype)
+        out = impl.forward(q.flatten(1), k.flatten(1), v.flatten(1), kv_cache, step_meta).view_as(q)
+        reference, start = torch.empty(num_tokens, num_heads, head_size), 0
+        for i, (context, num_q) in enumerate(step):
+            assert history_k[i].shape[0] == context
+            history_k[i] = torch.cat([history_k[i], k[start:start + num_q]])
+            history_v[i] = torch.cat([history_v[i], v[start:start + num_q]])
+            reference[start:start + num_q] = dense_attention(q[start:start + num_q], history_k[i], history_v[i],
+                                                             impl.scale, causal_from=context)
+            start += num_q
+        results.append((out, reference))
+    return results
+
+
+def make_impl(num_heads, num_kv_heads, head_size, native: bool):
+    impl = CpuAttentionImpl(num_heads, head_size, head_size ** -0.5, num_kv_heads)
+    if native:
+        assert impl.native_decode is not None, "the native kernel should build on the test machine"
+    else:
+        impl.native_decode = None
+    return impl
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_decode_steps_match_dense_attention(shape, dtype, native):
+    num_heads, num_kv_heads, head_size, block_size = shape
+    impl = make_impl(num_heads, num_kv_heads, head_size, native)
+    prompts = [1, 7, block_size, block_size + 1, 3 * block_size - 1]
+    steps = [[(0, n) for n in prompts]] + [[(n + j, 1) for n in prompts] for j in range(3)]
+    for out, reference in run_steps(impl, steps, block_size, dtype):
+        torch.testing.assert_close(out.float(), reference, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_mixed_steps_decodes_chunks_after_prefix_and_fresh_prefills(native):
+    impl = make_impl(12, 4, 64, native)
+    steps = [
+        [(0, 20), (0, 5), (0, 33)],
+        [(20, 1), (5, 17), (33, 1)],  # decode, chunk after a cached prefix, decode
+        [(21, 1), (22, 40), (34, 1)],
+    ]
+    for out, reference in run_steps(impl, steps, 16, torch.float32, seed=3):
+        torch.testing.assert_close(out, reference, atol=2e-5, rtol=2e-5)
+
+
+def test_native_kernel_handles_long_contexts_and_many_heads():
+    impl = make_impl(64, 1, 64, native=True)  # a query group of 64 heads on one kv head
+    steps = [[(0, 600), (0, 3)], [(600, 1), (3, 1)]]
+    for out, reference in run_steps(impl, steps, 16, torch.float32, seed=5):
+        torch.testing.assert_close(out, reference, atol=2e-5, rtol=2e-5)
+
+
+def test_native_kernel_is_cached_and_rejects_unsupported_groups():
+    kernel = load_paged_decode_kernel()
+    assert kernel is load_paged_decode_kernel()
+    assert kernel.supports(torch.bfloat16, 12, 4) and not kernel.supports(torch.float16, 12, 4)
+    assert not kernel.supports(torch.float32, 130, 1)  # falls back to torch ops
+
+
+def test_without_a_compiler_the_torch_path_serves_and_says_why(tmp_path):
+    code = """
+        import logging, torch
+        logging.basicConfig(level=logging.INFO)
+        from builtin_plugins.cpu.attention import CpuAttentionImpl
+        impl = CpuAttentionImpl(4, 64, 0.125, 2)
+        print("native:", impl.native_decode)
+    """
+    broken = run_python(code, CXX=str(tmp_path / "no-such-compiler"), KC_CACHE_DIR=str(tmp_path))
+    assert "native: None" in broken.stdout
+    assert "CPU decode-attention kernel unavailable" in broken.stderr and "no-such-compiler" in broken.stderr
+    disabled = run_python(code, KC_CPU_NATIVE_KERNELS="0", KC_CACHE_DIR=str(tmp_path))
+    assert "native: None" in disabled.stdout and "KC_CPU_NATIVE_KERNELS=0" in disabled.stderr
+    built = run_python(code, KC_CACHE_DIR=str(tmp_path))
+    assert "native: <builtin_plugins.cpu.native.PagedDecodeKernel" in built.stdout
+    assert list((tmp_path / "cpu-kernels").glob("paged_attention-*.so"))
