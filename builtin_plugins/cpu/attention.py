@@ -69,10 +69,12 @@ class CpuAttentionImpl(AttentionImpl):
                                                         k_prefix, v_prefix)
         return out.view(num_tokens, -1)
 
-    @staticmethod
-    def _write_kv(k, v, k_cache, v_cache, metadata) -> None:
+    def _write_kv(self, k, v, k_cache, v_cache, metadata) -> None:
         """Each new token's key into column ``offset`` of its block's [D, block_size] key slab, its value
         into row ``offset`` of the [block_size, D] value slab."""
+        kernel = self.native_decode
+        if kernel is not None and kernel.supports(k.dtype, self.num_heads, self.num_kv_heads):
+            return kernel.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         if "slot_block" not in metadata.scratch:  # once per step, shared by every layer
             block_size = k_cache.shape[2]
             metadata.scratch["slot_block"] = (metadata.slot_mapping // block_size, metadata.slot_mapping % block_size)

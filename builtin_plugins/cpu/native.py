@@ -41,15 +41,43 @@ class PagedDecodeKernel:
         self._fn.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64,
                              ctypes.c_float, ctypes.c_int]
         self._fn.restype = ctypes.c_int
+        self._write = library.kc_write_kv
+        self._write.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+        self._write.restype = ctypes.c_int
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        """k/v [T, Hkv, D] (token rows may be strided) into their slots of the [num_blocks, Hkv, block_size, D]
+        caches (keys transposed per block)."""
+        num_tokens, num_kv_heads, head_size = k.shape
+        if not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and k.shape == v.shape
+                and k.stride()[1:] == v.stride()[1:] == (head_size, 1) and k_cache.is_contiguous()
+                and v_cache.is_contiguous() and k_cache.shape == v_cache.shape
+                and k_cache.shape[1] == num_kv_heads and k_cache.shape[3] == head_size
+                and slot_mapping.dtype == torch.int64 and slot_mapping.shape == (num_tokens,)):
+            raise ValueError("paged write: keys, values, caches or slot mapping do not match")
+        slot_mapping = slot_mapping.contiguous()
+        if num_tokens and not 0 <= int(slot_mapping.max()) < k_cache.shape[0] * k_cache.shape[2]:
+            raise ValueError("paged write: slot out of range")
+        self._write(DTYPE_CODES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), k_cache.data_ptr(),
+                    v_cache.data_ptr(), slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_size,
+                    k_cache.shape[2], torch.get_num_threads())
 
     def supports(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int) -> bool:
-        return dtype in DTYPE_CODES and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 64
+        return (dtype in DTYPE_CODES and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 64
+                and num_heads <= 1024)
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, max_seq_len: int, scale: float) -> torch.Tensor:
         """q [B, H, D]; k/v_cache [num_blocks, Hkv, block_size, D] (the key cache's blocks hold each head's
         keys transposed, [D, block_size]: see CpuAttentionBackend); block_tables [B, max_blocks] and seq_lens
         [B] int64 -> [B, H, D]."""
+        # Raw pointers cross into C++: check what would otherwise read out of bounds.
+        if not (k_cache.dtype == v_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+                and k_cache.shape == v_cache.shape and k_cache.shape[3] == q.shape[2]
+                and block_tables.dtype == seq_lens.dtype == torch.int64
+                and block_tables.shape[0] == seq_lens.shape[0] == q.shape[0]):
+            raise ValueError("paged decode: q, caches, block tables or sequence lengths do not match")
         q = q.contiguous()
         block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
         num_seqs, num_heads, head_size = q.shape

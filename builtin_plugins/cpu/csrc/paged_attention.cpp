@@ -72,71 +72,105 @@ inline void softmax_numerators(float* scores, int64_t stride, int64_t group, int
   }
 }
 
-// One (sequence, kv head) for head size 16 * NV and block size 16 * NB: its `group` query heads against
-// seq_len cached positions, with GCC vector types (AVX-512 / AVX2 / NEON as the machine has). Keys are stored
+// Scores of GB query rows against one block of keys (kt: [hs, bs], transposed): each key vector is loaded
+// (and widened from bfloat16) once and used by all GB rows; two partial sums per row hide the FMA latency.
+template <int GB, int NV, int NB, typename T>
+inline void block_scores(const T* kt, const float* qf, float* scores, int64_t stride) {
+  constexpr int64_t hs = 16 * NV, bs = 16 * NB;
+  f32x16 part[GB][2][NB] = {};
+  for (int64_t d = 0; d < hs; d += 2)
+    for (int j = 0; j < 2; ++j)
+      for (int c = 0; c < NB; ++c) {
+        const f32x16 k = load16(kt + (d + j) * bs + c * 16);
+        for (int g = 0; g < GB; ++g) part[g][j][c] += qf[g * hs + d + j] * k;
+      }
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NB; ++c) {  // the last block's tail lanes are never read back
+      const f32x16 sum = part[g][0][c] + part[g][1][c];
+      std::memcpy(scores + g * stride + c * 16, &sum, sizeof sum);
+    }
+}
+
+// acc[g] += sum_i p[g, i] v_i over one block's n value rows (vb: [bs, hs]) for GB query rows; each value
+// vector is loaded (and widened) once for all GB rows, whose accumulators stay in registers.
+template <int GB, int NV, typename T>
+inline void block_values(const T* vb, int64_t n, const float* p, int64_t stride, float* acc) {
+  constexpr int64_t hs = 16 * NV;
+  f32x16 a[GB][NV];
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NV; ++c) a[g][c] = load16(acc + g * hs + c * 16);
+  for (int64_t i = 0; i < n; ++i)
+    for (int c = 0; c < NV; ++c) {
+      const f32x16 v = load16(vb + i * hs + c * 16);
+      for (int g = 0; g < GB; ++g) a[g][c] += p[g * stride + i] * v;
+    }
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NV; ++c) std::memcpy(acc + g * hs + c * 16, &a[g][c], sizeof a[g][c]);
+}
+
+// One sequence's kv heads [0, num_item_heads) (pointers already at the first) for head size 16 * NV and
+// block size 16 * NB, with GCC vector types (AVX-512 / AVX2 / NEON as the machine has). Keys are stored
 // transposed ([hs, bs] per block and head), so a query meets a whole block of keys in one vector FMA per d;
-// values are [bs, hs] rows. Every accumulator is a register.
+// values are [bs, hs] rows. Blocks are the outer loop: each block's slabs for these heads are adjacent in
+// memory, so a sequence's cache is read as a few long streams instead of many 4 KiB pieces.
 template <typename T, int NV, int NB>
 void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table, int64_t seq_len,
-                    T* out, const Shape& s, float* scores, float* qf) {
-  constexpr int64_t hs = 16 * NV, bs = 16 * NB;
-  const int64_t group = s.num_heads / s.num_kv_heads;
-  const int64_t block_stride = s.num_kv_heads * hs * bs;  // one block holds every kv head's slab
+                    T* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
+  constexpr int64_t hs = 16 * NV, bs = 16 * NB, slab = hs * bs;
+  constexpr int GB = NV <= 4 ? 4 : 2;  // query rows per pass over a block: GB * NV accumulators in registers
+  const int64_t group = s.num_heads / s.num_kv_heads, num_rows = num_item_heads * group;
+  const int64_t block_stride = s.num_kv_heads * slab;  // one block holds every kv head's slab
   const int64_t stride = (seq_len + bs - 1) / bs * bs;  // a score row per query head, whole blocks
-  for (int64_t i = 0; i < group * hs; ++i) qf[i] = to_float(q[i]) * s.scale;
+  for (int64_t i = 0; i < num_rows * hs; ++i) qf[i] = to_float(q[i]) * s.scale;
 
-  // Pass 1: scores[g, t] = q_g . k_t; four partial sums over d hide the FMA latency.
+  // Pass 1: scores[h * group + g, t] = q . k_t
   for (int64_t t0 = 0, b = 0; t0 < seq_len; t0 += bs, ++b) {
-    const T* kt = k_cache + block_table[b] * block_stride;
-    if (t0 + bs < seq_len) {  // the next block's slab: a 4 KiB chunk the hardware prefetcher cannot foresee
-      const char* next = reinterpret_cast<const char*>(k_cache + block_table[b + 1] * block_stride);
-      for (int64_t off = 0; off < int64_t(hs * bs * sizeof(T)); off += 64) __builtin_prefetch(next + off);
-    }
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = qf + g * hs;
-      f32x16 part[4][NB] = {};
-      for (int64_t d = 0; d < hs; d += 4)
-        for (int j = 0; j < 4; ++j)
-          for (int c = 0; c < NB; ++c) part[j][c] += qg[d + j] * load16(kt + (d + j) * bs + c * 16);
-      for (int c = 0; c < NB; ++c) {  // the last block's tail lanes are never read back
-        const f32x16 sum = (part[0][c] + part[1][c]) + (part[2][c] + part[3][c]);
-        std::memcpy(scores + g * stride + t0 + c * 16, &sum, sizeof sum);
+    for (int64_t h = 0; h < num_item_heads; ++h) {
+      const T* kt = k_cache + block_table[b] * block_stride + h * slab;
+      for (int64_t g = 0; g < group; g += GB) {
+        const int64_t row = h * group + g;
+        const float* qr = qf + row * hs;
+        float* sr = scores + row * stride + t0;
+        switch (std::min<int64_t>(GB, group - g)) {
+          case 1: block_scores<1, NV, NB>(kt, qr, sr, stride); break;
+          case 2: block_scores<2, NV, NB>(kt, qr, sr, stride); break;
+          case 3: block_scores<(GB > 2 ? 3 : 1), NV, NB>(kt, qr, sr, stride); break;
+          default: block_scores<GB, NV, NB>(kt, qr, sr, stride); break;
+        }
       }
     }
   }
-  float inv_sum[64];
-  softmax_numerators(scores, stride, group, seq_len, inv_sum);
+  float inv_sum[1024];
+  softmax_numerators(scores, stride, num_rows, seq_len, inv_sum);
 
-  // Pass 2: out[g] = sum_t p[g, t] v_t / sum; one query head at a time so its accumulator stays in registers
-  // (the sequence's values for this head are re-read from L2, not memory).
-  for (int64_t g = 0; g < group; ++g) {
-    const float* pg = scores + g * stride;
-    f32x16 acc[NV] = {};
-    for (int64_t t0 = 0, b = 0; t0 < seq_len; t0 += bs, ++b) {
-      const T* vb = v_cache + block_table[b] * block_stride;
-      const int64_t n = std::min(bs, seq_len - t0);
-      if (g == 0 && t0 + bs < seq_len) {
-        const char* next = reinterpret_cast<const char*>(v_cache + block_table[b + 1] * block_stride);
-        for (int64_t off = 0; off < int64_t(hs * bs * sizeof(T)); off += 64) __builtin_prefetch(next + off);
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const float p = pg[t0 + i];
-        for (int c = 0; c < NV; ++c) acc[c] += p * load16(vb + i * hs + c * 16);
+  // Pass 2: out[row] = sum_t p[row, t] v_t / sum, accumulated in qf (no longer needed) between blocks.
+  float* acc = qf;
+  std::fill(acc, acc + num_rows * hs, 0.f);
+  for (int64_t t0 = 0, b = 0; t0 < seq_len; t0 += bs, ++b) {
+    const int64_t n = std::min(bs, seq_len - t0);
+    for (int64_t h = 0; h < num_item_heads; ++h) {
+      const T* vb = v_cache + block_table[b] * block_stride + h * slab;
+      for (int64_t g = 0; g < group; g += GB) {
+        const int64_t row = h * group + g;
+        const float* pr = scores + row * stride + t0;
+        float* ar = acc + row * hs;
+        switch (std::min<int64_t>(GB, group - g)) {
+          case 1: block_values<1, NV>(vb, n, pr, stride, ar); break;
+          case 2: block_values<2, NV>(vb, n, pr, stride, ar); break;
+          case 3: block_values<(GB > 2 ? 3 : 1), NV>(vb, n, pr, stride, ar); break;
+          default: block_values<GB, NV>(vb, n, pr, stride, ar); break;
+        }
       }
     }
-    float result[hs];
-    for (int c = 0; c < NV; ++c) {
-      const f32x16 scaled = acc[c] * inv_sum[g];
-      std::memcpy(result + c * 16, &scaled, sizeof scaled);
-    }
-    for (int64_t d = 0; d < hs; ++d) store(out + g * hs + d, result[d]);
   }
+  for (int64_t row = 0; row < num_rows; ++row)
+    for (int64_t d = 0; d < hs; ++d) store(out + row * hs + d, acc[row * hs + d] * inv_sum[row]);
 }
 
 // Any head and block size, plain loops (the vector path covers the common shapes).
 template <typename T>
-void decode_one_generic(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table,
-                        int64_t seq_len, T* out, const Shape& s, float* scores, float* qf) {
+void decode_one_head(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table,
+                     int64_t seq_len, T* out, const Shape& s, float* scores, float* qf) {
   const int64_t hs = s.head_size, bs = s.block_size;
   const int64_t group = s.num_heads / s.num_kv_heads;
   const int64_t block_stride = s.num_kv_heads * hs * bs;
@@ -168,21 +202,30 @@ void decode_one_generic(const T* q, const T* k_cache, const T* v_cache, const in
   }
 }
 
+template <typename T>
+void decode_one_generic(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table,
+                        int64_t seq_len, T* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
+  const int64_t group_elems = s.num_heads / s.num_kv_heads * s.head_size, slab = s.head_size * s.block_size;
+  for (int64_t h = 0; h < num_item_heads; ++h)
+    decode_one_head(q + h * group_elems, k_cache + h * slab, v_cache + h * slab, block_table, seq_len,
+                    out + h * group_elems, s, scores, qf);
+}
+
 using DecodeOne = void (*)(const void*, const void*, const void*, const int64_t*, int64_t, void*, const Shape&,
-                           float*, float*);
+                           int64_t, float*, float*);
 
 template <typename T, int NV, int NB>
 void vec_entry(const void* q, const void* k, const void* v, const int64_t* bt, int64_t len, void* out,
-               const Shape& s, float* scores, float* qf) {
+               const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
   decode_one_vec<T, NV, NB>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), bt, len,
-                            static_cast<T*>(out), s, scores, qf);
+                            static_cast<T*>(out), s, num_item_heads, scores, qf);
 }
 
 template <typename T>
 void generic_entry(const void* q, const void* k, const void* v, const int64_t* bt, int64_t len, void* out,
-                   const Shape& s, float* scores, float* qf) {
+                   const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
   decode_one_generic<T>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), bt, len,
-                        static_cast<T*>(out), s, scores, qf);
+                        static_cast<T*>(out), s, num_item_heads, scores, qf);
 }
 
 template <typename T, int NV>
@@ -207,28 +250,71 @@ void decode_all(DecodeOne decode_one, int64_t element_size, const char* q, const
                 const char* v_cache, const int64_t* block_tables, const int64_t* seq_lens, char* out,
                 int64_t num_seqs, int64_t max_seq_len, const Shape& s, int num_threads) {
   const int64_t group = s.num_heads / s.num_kv_heads;
-  const int64_t num_items = num_seqs * s.num_kv_heads;
+  // A work item is a whole sequence (its cache streamed block by block), or one (sequence, kv head) when
+  // there are too few sequences to keep every thread busy.
+  const int64_t item_heads = num_seqs >= 4 * num_threads ? s.num_kv_heads : 1;
+  const int64_t items_per_seq = s.num_kv_heads / item_heads, num_items = num_seqs * items_per_seq;
   const int64_t head_stride = s.head_size * s.block_size * element_size;  // one kv head's slab of a block
   const int64_t padded_len = (std::max<int64_t>(max_seq_len, 1) + s.block_size - 1) / s.block_size * s.block_size;
 #pragma omp parallel num_threads(num_threads)
   {
-    std::vector<float> scores(group * padded_len), qf(group * s.head_size);
+    std::vector<float> scores(item_heads * group * padded_len), qf(item_heads * group * s.head_size);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_items; ++item) {
-      const int64_t seq = item / s.num_kv_heads, kv_head = item % s.num_kv_heads;
+      const int64_t seq = item / items_per_seq, kv_head = item % items_per_seq * item_heads;
       const int64_t seq_len = seq_lens[seq];
       const int64_t head_offset = (seq * s.num_heads + kv_head * group) * s.head_size * element_size;
       if (seq_len <= 0) {  // nothing to attend to: zeros, as an empty softmax-weighted sum
-        std::memset(out + head_offset, 0, group * s.head_size * element_size);
+        std::memset(out + head_offset, 0, item_heads * group * s.head_size * element_size);
         continue;
       }
       decode_one(q + head_offset, k_cache + kv_head * head_stride, v_cache + kv_head * head_stride,
-                 block_tables + seq * s.max_blocks, seq_len, out + head_offset, s, scores.data(), qf.data());
+                 block_tables + seq * s.max_blocks, seq_len, out + head_offset, s, item_heads, scores.data(),
+                 qf.data());
     }
   }
 }
 
 }  // namespace
+
+template <typename T>
+void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_stride, T* k_cache, T* v_cache,
+              const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
+              int64_t block_size, int num_threads) {
+  const int64_t head_stride = head_size * block_size, block_stride = num_kv_heads * head_stride;
+#pragma omp parallel for num_threads(num_threads) if (num_tokens * num_kv_heads * head_size > 65536)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;  // padding: nothing to write
+    const int64_t block = slot / block_size, offset = slot % block_size;
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const T* kr = k + t * k_token_stride + h * head_size;
+      T* kt = k_cache + block * block_stride + h * head_stride + offset;  // column `offset` of [hs, bs]
+      for (int64_t d = 0; d < head_size; ++d) kt[d * block_size] = kr[d];
+      std::memcpy(v_cache + block * block_stride + h * head_stride + offset * head_size,
+                  v + t * v_token_stride + h * head_size, head_size * sizeof(T));
+    }
+  }
+}
+
+// The new tokens' keys and values into their slots: each key into column `offset` of its block's transposed
+// [head_size, block_size] slab, each value into row `offset` of the [block_size, head_size] slab. k/v rows
+// are [num_kv_heads, head_size] contiguous, `*_token_stride` elements apart. Returns 0 or -1.
+extern "C" int kc_write_kv(int dtype, const void* k, const void* v, int64_t k_token_stride, int64_t v_token_stride,
+                           void* k_cache, void* v_cache, const int64_t* slot_mapping, int64_t num_tokens,
+                           int64_t num_kv_heads, int64_t head_size, int64_t block_size, int num_threads) {
+  if (dtype == 0)
+    write_kv(static_cast<const float*>(k), static_cast<const float*>(v), k_token_stride, v_token_stride,
+             static_cast<float*>(k_cache), static_cast<float*>(v_cache), slot_mapping, num_tokens, num_kv_heads,
+             head_size, block_size, num_threads);
+  else if (dtype == 1)
+    write_kv(static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), k_token_stride, v_token_stride,
+             static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache), slot_mapping, num_tokens,
+             num_kv_heads, head_size, block_size, num_threads);
+  else
+    return -1;
+  return 0;
+}
 
 // dtype: 0 = float32, 1 = bfloat16. Returns 0, or -1 for arguments the kernel does not handle.
 extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, const void* v_cache,
@@ -236,6 +322,7 @@ extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, co
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
                                int64_t max_blocks, int64_t max_seq_len, float scale, int num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64) return -1;
+  if (num_heads > 1024) return -1;
   if (block_size <= 0 || head_size <= 0 || dtype < 0 || dtype > 1) return -1;
   const Shape s{num_heads, num_kv_heads, head_size, block_size, max_blocks, scale};
   const DecodeOne decode_one = dtype == 0 ? pick<float>(s) : pick<uint16_t>(s);
