@@ -60,7 +60,7 @@ def main() -> None:
                     return impl._decode_torch(q, k_cache, v_cache, block_tables, seq_lens, context, scratch)
 
                 def run_native():
-                    return impl.native_decode(q, k_cache, v_cache, block_tables, seq_lens, context, impl.scale)
+                    return impl.native_decode(q, k_cache, v_cache, block_tables, seq_lens, impl.scale)
 
                 diff = (run_torch().float() - run_native().float()).abs().max().item()
                 torch_ms, native_ms = time_ms(run_torch, args.iters), time_ms(run_native, args.iters)

@@ -155,3 +155,19 @@ def test_without_a_compiler_the_torch_path_serves_and_says_why(tmp_path):
     built = run_python(code, KC_CACHE_DIR=str(tmp_path))
     assert "native: <builtin_plugins.cpu.native.PagedDecodeKernel" in built.stdout
     assert list((tmp_path / "cpu-kernels").glob("paged_attention-*.so"))
+
+
+def test_native_kernel_refuses_block_tables_outside_the_cache():
+    kernel = load_paged_decode_kernel()
+    k_cache, v_cache = make_cache(4, 16, 2, 64, torch.float32)
+    q = torch.randn(2, 4, 64)
+    good = torch.tensor([[0, 1], [2, 3]])
+    out = kernel(q, k_cache, v_cache, good, torch.tensor([20, 32]), 0.125)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    for tables, seq_lens in ((torch.tensor([[0, 1], [2, 4]]), [20, 32]),  # block 4 of a 4-block cache
+                             (torch.tensor([[0, -1], [2, 3]]), [20, 32]),
+                             (torch.tensor([[0], [2]]), [20, 16])):  # 20 tokens need two blocks
+        with pytest.raises(ValueError, match="outside the KV cache or is too short"):
+            kernel(q, k_cache, v_cache, tables, torch.tensor(seq_lens), 0.125)
+    with pytest.raises(ValueError, match="slot out of range"):
+        kernel.write_kv(torch.randn(1, 2, 64), torch.randn(1, 2, 64), k_cache, v_cache, torch.tensor([64]))

@@ -130,7 +130,7 @@ class CpuAttentionImpl(AttentionImpl):
         """One query per sequence: the native kernel reads each cached K/V row once, in place."""
         kernel = self.native_decode
         if kernel is not None and kernel.supports(q.dtype, self.num_heads, self.num_kv_heads):
-            return kernel(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, self.scale)
+            return kernel(q, k_cache, v_cache, block_tables, seq_lens, self.scale)
         return self._decode_torch(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch)
 
     def _decode_torch(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):

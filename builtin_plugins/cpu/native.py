@@ -68,7 +68,7 @@ class PagedDecodeKernel:
                 and num_heads <= 1024)
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, max_seq_len: int, scale: float) -> torch.Tensor:
+                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
         """q [B, H, D]; k/v_cache [num_blocks, Hkv, block_size, D] (the key cache's blocks hold each head's
         keys transposed, [D, block_size]: see CpuAttentionBackend); block_tables [B, max_blocks] and seq_lens
         [B] int64 -> [B, H, D]."""
@@ -84,10 +84,12 @@ class PagedDecodeKernel:
         out = torch.empty_like(q)
         status = self._fn(DTYPE_CODES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                           block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads,
-                          k_cache.shape[1], head_size, k_cache.shape[2], block_tables.shape[1], max_seq_len,
+                          k_cache.shape[1], head_size, k_cache.shape[2], block_tables.shape[1], k_cache.shape[0],
                           scale, torch.get_num_threads())
+        if status == -2:
+            raise ValueError("paged decode: a block table points outside the KV cache or is too short")
         if status != 0:
-            raise ValueError(f"kc_paged_decode rejected its arguments (heads {num_heads}/{k_cache.shape[1]})")
+            raise ValueError(f"paged decode: unsupported shape (heads {num_heads}/{k_cache.shape[1]})")
         return out
 
 

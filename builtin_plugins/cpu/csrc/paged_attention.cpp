@@ -316,14 +316,25 @@ extern "C" int kc_write_kv(int dtype, const void* k, const void* v, int64_t k_to
   return 0;
 }
 
-// dtype: 0 = float32, 1 = bfloat16. Returns 0, or -1 for arguments the kernel does not handle.
+// dtype: 0 = float32, 1 = bfloat16. Returns 0, -1 for shapes the kernel does not handle, -2 for a block table
+// that points outside the cache.
 extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, const void* v_cache,
                                const int64_t* block_tables, const int64_t* seq_lens, void* out, int64_t num_seqs,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
-                               int64_t max_blocks, int64_t max_seq_len, float scale, int num_threads) {
+                               int64_t max_blocks, int64_t num_cache_blocks, float scale, int num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64) return -1;
-  if (num_heads > 1024) return -1;
-  if (block_size <= 0 || head_size <= 0 || dtype < 0 || dtype > 1) return -1;
+  if (num_heads > 1024 || block_size <= 0 || head_size <= 0 || dtype < 0 || dtype > 1) return -1;
+  // Every block a sequence reads must exist: a bad table is an error here, not a read out of bounds.
+  int64_t max_seq_len = 0;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
+    const int64_t num_blocks = (seq_lens[seq] + block_size - 1) / block_size;
+    if (num_blocks > max_blocks) return -2;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t block = block_tables[seq * max_blocks + b];
+      if (block < 0 || block >= num_cache_blocks) return -2;
+    }
+    max_seq_len = std::max(max_seq_len, seq_lens[seq]);
+  }
   const Shape s{num_heads, num_kv_heads, head_size, block_size, max_blocks, scale};
   const DecodeOne decode_one = dtype == 0 ? pick<float>(s) : pick<uint16_t>(s);
   decode_all(decode_one, dtype == 0 ? 4 : 2, static_cast<const char*>(q), static_cast<const char*>(k_cache),
