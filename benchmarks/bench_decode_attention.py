@@ -1,9 +1,9 @@
 """Decode attention per layer: the CPU backend's native kernel vs its torch-ops path, same run.
 
-    python benchmarks/bench_decode_attention.py [--threads 1] [--iters 20]
+    python benchmarks/bench_decode_attention.py [--threads 1] [--iters 20] [--block-size 16]
 
 One layer, one query per sequence, every sequence at the same context length in a paged cache whose blocks
-are shuffled (block size 16). Prints median milliseconds per call for each path and their ratio, and the
+are shuffled (block size 16 unless --block-size). Prints median milliseconds per call for each path and their ratio, and the
 largest difference between the two outputs.
 """
 
@@ -34,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--cases", nargs="*", default=["32x200", "64x300", "64x700", "8x2000"],
                         help="BATCHxCONTEXT")
     args = parser.parse_args()
@@ -48,7 +49,8 @@ def main() -> None:
                 raise SystemExit("the native kernel could not be built here (see the log)")
             for case in args.cases:
                 batch, context = map(int, case.split("x"))
-                block_size, blocks_per_seq = 16, -(-context // 16)
+                block_size = args.block_size
+                blocks_per_seq = -(-context // block_size)
                 num_blocks = batch * blocks_per_seq
                 k_cache, v_cache = torch.randn(CpuAttentionBackend.get_kv_cache_shape(
                     num_blocks, block_size, num_kv_heads, head_size)).to(dtype)
