@@ -171,3 +171,17 @@ def test_native_kernel_refuses_block_tables_outside_the_cache():
             kernel(q, k_cache, v_cache, tables, torch.tensor(seq_lens), 0.125)
     with pytest.raises(ValueError, match="slot out of range"):
         kernel.write_kv(torch.randn(1, 2, 64), torch.randn(1, 2, 64), k_cache, v_cache, torch.tensor([64]))
+
+
+def test_a_kernel_directory_others_can_write_is_refused(tmp_path):
+    kernels = tmp_path / "cpu-kernels"
+    kernels.mkdir()
+    kernels.chmod(0o777)
+    proc = run_python("""
+        import logging
+        logging.basicConfig(level=logging.INFO)
+        from builtin_plugins.cpu.native import load_paged_decode_kernel
+        print("native:", load_paged_decode_kernel())
+    """, KC_CACHE_DIR=str(tmp_path))
+    assert "native: None" in proc.stdout
+    assert "writable by other users" in proc.stderr and not list(kernels.glob("*.so"))

@@ -116,9 +116,11 @@ def _build() -> Path:
         key.update(part)
     out_dir = Path(envs.KC_CACHE_DIR) / "cpu-kernels"
     library = out_dir / f"paged_attention-{key.hexdigest()[:16]}.so"
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(out_dir)
     if library.exists():
+        _check_private(library)
         return library
-    out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         obj, tmp_lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
         for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
@@ -126,9 +128,18 @@ def _build() -> Path:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if result.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()[-2000:]}")
+        tmp_lib.chmod(0o755)  # whatever the umask: _check_private refuses group/world-writable files
         os.replace(tmp_lib, library)  # atomic: concurrent workers building the same key both end up with it
     logger.info("built the CPU decode-attention kernel: %s", library)
     return library
+
+
+def _check_private(path: Path) -> None:
+    """Loading a library runs its code: refuse one that another user could have planted or replaced."""
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"{path} is writable by other users or not owned by this user; refusing to load "
+                           "code from it (fix its permissions or point KC_CACHE_DIR elsewhere)")
 
 
 def _compiler_version(compiler: str) -> str:
