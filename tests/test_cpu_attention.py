@@ -36,23 +36,29 @@ def make_cache(num_blocks, block_size, num_kv_heads, head_size, dtype):
     return torch.zeros(shape, dtype=dtype)
 
 
-def metadata_for(seqs, block_size, num_blocks, generator):
-    """seqs: (context_len, query_len) per sequence; shuffled block tables."""
-    blocks_needed = [-(-(c + n) // block_size) for c, n in seqs]
+def make_tables(totals, block_size, num_blocks, generator):
+    """Shuffled block tables covering each sequence's final length, padded with 0."""
     order = torch.randperm(num_blocks, generator=generator).tolist()
-    tables, slots = [], []
-    for (context, num_q), need in zip(seqs, blocks_needed):
-        table, order = order[:need], order[need:]
-        tables.append(table + [0] * (max(blocks_needed) - need))
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(context, context + num_q)]
-    query_lens = [n for _, n in seqs]
-    seq_lens = [c + n for c, n in seqs]
-    starts = torch.tensor([0] + query_lens).cumsum(0)
+    tables = []
+    for total in totals:
+        need = -(-total // block_size)
+        tables.append(order[:need])
+        order = order[need:]
+    width = max(len(t) for t in tables)
+    return [t + [0] * (width - len(t)) for t in tables]
+
+
+def metadata_for(step, tables, block_size):
+    """step: (context_len, query_len) per sequence, slots taken from ``tables``."""
+    slots = [tables[i][p // block_size] * block_size + p % block_size
+             for i, (context, num_q) in enumerate(step) for p in range(context, context + num_q)]
+    query_lens = [n for _, n in step]
+    seq_lens = [c + n for c, n in step]
     return AttentionMetadata(
-        slot_mapping=torch.tensor(slots), query_start_loc=starts, seq_lens=torch.tensor(seq_lens),
-        context_lens=torch.tensor([c for c, _ in seqs]), block_tables=torch.tensor(tables),
-        query_lens_list=query_lens, seq_lens_list=seq_lens, max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens))
+        slot_mapping=torch.tensor(slots), query_start_loc=torch.tensor([0] + query_lens).cumsum(0),
+        seq_lens=torch.tensor(seq_lens), context_lens=torch.tensor([c for c, _ in step]),
+        block_tables=torch.tensor(tables), query_lens_list=query_lens, seq_lens_list=seq_lens,
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens))
 
 
 def run_steps(impl, steps, block_size, dtype, seed=0):
@@ -62,24 +68,20 @@ def run_steps(impl, steps, block_size, dtype, seed=0):
     continuing where the previous step left them."""
     generator = torch.Generator().manual_seed(seed)
     num_heads, num_kv_heads, head_size = impl.num_heads, impl.num_kv_heads, impl.head_size
-    total = [steps[-1][i][0] + steps[-1][i][1] for i in range(len(steps[0]))]
-    num_blocks = sum(-(-t // block_size) for t in total) + 3
+    totals = [c + n for c, n in steps[-1]]
+    num_blocks = sum(-(-t // block_size) for t in totals) + 3
     kv_cache = make_cache(num_blocks, block_size, num_kv_heads, head_size, dtype)
-    metadata = metadata_for(steps[-1], block_size, num_blocks, generator)  # the tables cover the last step
-    history_k = [torch.empty(0, num_kv_heads, head_size, dtype=dtype) for _ in total]
-    history_v = [torch.empty(0, num_kv_heads, head_size, dtype=dtype) for _ in total]
+    tables = make_tables(totals, block_size, num_blocks, generator)
+    history_k = [torch.empty(0, num_kv_heads, head_size, dtype=dtype) for _ in totals]
+    history_v = [torch.empty(0, num_kv_heads, head_size, dtype=dtype) for _ in totals]
     results = []
     for step in steps:
-        step_meta = metadata_for(step, block_size, num_blocks, torch.Generator())
-        step_meta.block_tables = metadata.block_tables[:, : step_meta.block_tables.shape[1]].clone()
-        step_meta.slot_mapping = torch.tensor([
-            int(step_meta.block_tables[i, p // block_size]) * block_size + p % block_size
-            for i, (c, n) in enumerate(step) for p in range(c, c + n)])
         num_tokens = sum(n for _, n in step)
         q = torch.randn(num_tokens, num_heads, head_size, generator=generator).to(dtype)
         k = torch.randn(num_tokens, num_kv_heads, head_size, generator=generator).to(dtype)
         v = torch.randn(num_tokens, num_kv_heads, head_size, generator=generator).to(dtype)
-        out = impl.forward(q.flatten(1), k.flatten(1), v.flatten(1), kv_cache, step_meta).view_as(q)
+        metadata = metadata_for(step, tables, block_size)
+        out = impl.forward(q.flatten(1), k.flatten(1), v.flatten(1), kv_cache, metadata).view_as(q)
         reference, start = torch.empty(num_tokens, num_heads, head_size), 0
         for i, (context, num_q) in enumerate(step):
             assert history_k[i].shape[0] == context
@@ -135,8 +137,9 @@ def test_native_kernel_handles_long_contexts_and_many_heads():
 def test_native_kernel_is_cached_and_rejects_unsupported_groups():
     kernel = load_paged_decode_kernel()
     assert kernel is load_paged_decode_kernel()
-    assert kernel.supports(torch.bfloat16, 12, 4) and not kernel.supports(torch.float16, 12, 4)
-    assert not kernel.supports(torch.float32, 130, 1)  # falls back to torch ops
+    assert kernel.supports_dtype(torch.bfloat16) and not kernel.supports_dtype(torch.float16)
+    assert CpuAttentionImpl(12, 64, 0.125, 4).native_decode is kernel
+    assert CpuAttentionImpl(130, 64, 0.125, 1).native_decode is None  # a query group of 130: torch ops
 
 
 def test_without_a_compiler_the_torch_path_serves_and_says_why(tmp_path):

@@ -47,6 +47,22 @@ def test_bfloat16_weights_and_logits(tmp_path):
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
 
 
+def test_bfloat16_decode_logits_reuse_one_float32_buffer(tmp_path):
+    from kernelcore.executor.model_runner import SeqBatchEntry
+
+    runner = make_runner(make_llama_checkpoint(str(tmp_path / "m")), ["all"], dtype="bfloat16")
+    first = prefill_logits(runner, list(range(5, 30)))
+    decode = [SeqBatchEntry([7], 25, [0, 1])]  # one decode row after the prompt
+    buffered = runner.execute(decode)
+    assert buffered.dtype == torch.float32 and buffered.shape == (1, first.shape[1])
+    assert buffered.data_ptr() == first.data_ptr()  # the same float32 buffer, step after step
+    buffered = buffered.clone()
+    runner.max_buffered_logits = 0  # every step gets a tensor of its own
+    fresh = runner.execute(decode)
+    assert fresh.data_ptr() != first.data_ptr()
+    torch.testing.assert_close(fresh, buffered, atol=0, rtol=0)
+
+
 def test_missing_weight_files_names_the_directory(tmp_path):
     path = make_llama_checkpoint(str(tmp_path / "m"))
     os.remove(os.path.join(path, "model.safetensors"))

@@ -22,7 +22,13 @@ class CpuAttentionImpl(AttentionImpl):
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
         super().__init__(num_heads, head_size, scale, num_kv_heads)
-        self.native_decode = load_paged_decode_kernel()  # None: no compiler here, the torch path below runs
+        kernel = load_paged_decode_kernel()  # None: no compiler here, the torch paths below run
+        self.native_decode = kernel if kernel is not None and kernel.supports_heads(num_heads, num_kv_heads) else None
+
+    def _native(self, dtype: torch.dtype):
+        """The native kernel when it handles this layer and dtype, else None."""
+        kernel = self.native_decode
+        return kernel if kernel is not None and kernel.supports_dtype(dtype) else None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -72,8 +78,8 @@ class CpuAttentionImpl(AttentionImpl):
     def _write_kv(self, k, v, k_cache, v_cache, metadata) -> None:
         """Each new token's key into column ``offset`` of its block's [D, block_size] key slab, its value
         into row ``offset`` of the [block_size, D] value slab."""
-        kernel = self.native_decode
-        if kernel is not None and kernel.supports(k.dtype, self.num_heads, self.num_kv_heads):
+        kernel = self._native(k.dtype)
+        if kernel is not None:
             return kernel.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         if "slot_block" not in metadata.scratch:  # once per step, shared by every layer
             block_size = k_cache.shape[2]
@@ -128,8 +134,8 @@ class CpuAttentionImpl(AttentionImpl):
 
     def _decode(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):
         """One query per sequence: the native kernel reads each cached K/V row once, in place."""
-        kernel = self.native_decode
-        if kernel is not None and kernel.supports(q.dtype, self.num_heads, self.num_kv_heads):
+        kernel = self._native(q.dtype)
+        if kernel is not None:
             return kernel(q, k_cache, v_cache, block_tables, seq_lens, self.scale)
         return self._decode_torch(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from builtin_plugins.cpu.platform import read_cpuinfo
 from kernelcore import envs
 
 logger = logging.getLogger("kernelcore.cpu")
@@ -42,7 +43,8 @@ class PagedDecodeKernel:
                              ctypes.c_float, ctypes.c_int]
         self._fn.restype = ctypes.c_int
         self._write = library.kc_write_kv
-        self._write.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+        self._write.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64,
+                                ctypes.c_int]
         self._write.restype = ctypes.c_int
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -57,15 +59,19 @@ class PagedDecodeKernel:
                 and slot_mapping.dtype == torch.int64 and slot_mapping.shape == (num_tokens,)):
             raise ValueError("paged write: keys, values, caches or slot mapping do not match")
         slot_mapping = slot_mapping.contiguous()
-        if num_tokens and not 0 <= int(slot_mapping.max()) < k_cache.shape[0] * k_cache.shape[2]:
+        status = self._write(DTYPE_CODES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
+                             k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), num_tokens, num_kv_heads,
+                             head_size, k_cache.shape[2], k_cache.shape[0], torch.get_num_threads())
+        if status != 0:
             raise ValueError("paged write: slot out of range")
-        self._write(DTYPE_CODES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), k_cache.data_ptr(),
-                    v_cache.data_ptr(), slot_mapping.data_ptr(), num_tokens, num_kv_heads, head_size,
-                    k_cache.shape[2], torch.get_num_threads())
 
-    def supports(self, dtype: torch.dtype, num_heads: int, num_kv_heads: int) -> bool:
-        return (dtype in DTYPE_CODES and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 64
-                and num_heads <= 1024)
+    @staticmethod
+    def supports_heads(num_heads: int, num_kv_heads: int) -> bool:
+        return num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 64 and num_heads <= 1024
+
+    @staticmethod
+    def supports_dtype(dtype: torch.dtype) -> bool:
+        return dtype in DTYPE_CODES
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
@@ -148,10 +154,6 @@ def _compiler_version(compiler: str) -> str:
 
 def _cpu_id() -> str:
     """-march=native ties the library to this CPU model and its flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return os.uname().machine
     wanted = ("model name", "flags")
-    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+    lines = read_cpuinfo().splitlines()
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted})) or os.uname().machine

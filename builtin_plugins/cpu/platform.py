@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import os
 
 from kernelcore import hookimpl
@@ -36,10 +37,18 @@ class CpuPlatform(Platform):
         override_with_torch(kernels)
 
 
-def _has_fast_bf16() -> bool:
+@functools.cache
+def read_cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process ("" where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
-        return "avx512_bf16" in flags or "amx_bf16" in flags
+            return f.read()
     except OSError:
+        return ""
+
+
+def _has_fast_bf16() -> bool:
+    flags = read_cpuinfo()
+    if not flags:
         return os.uname().machine == "arm64"
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -285,7 +285,6 @@ void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_st
 #pragma omp parallel for num_threads(num_threads) if (num_tokens * num_kv_heads * head_size > 65536)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
-    if (slot < 0) continue;  // padding: nothing to write
     const int64_t block = slot / block_size, offset = slot % block_size;
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const T* kr = k + t * k_token_stride + h * head_size;
@@ -299,10 +298,14 @@ void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_st
 
 // The new tokens' keys and values into their slots: each key into column `offset` of its block's transposed
 // [head_size, block_size] slab, each value into row `offset` of the [block_size, head_size] slab. k/v rows
-// are [num_kv_heads, head_size] contiguous, `*_token_stride` elements apart. Returns 0 or -1.
+// are [num_kv_heads, head_size] contiguous, `*_token_stride` elements apart. Returns 0, -1 for an unknown
+// dtype, -2 for a slot outside the cache (nothing is written then).
 extern "C" int kc_write_kv(int dtype, const void* k, const void* v, int64_t k_token_stride, int64_t v_token_stride,
                            void* k_cache, void* v_cache, const int64_t* slot_mapping, int64_t num_tokens,
-                           int64_t num_kv_heads, int64_t head_size, int64_t block_size, int num_threads) {
+                           int64_t num_kv_heads, int64_t head_size, int64_t block_size, int64_t num_cache_blocks,
+                           int num_threads) {
+  for (int64_t t = 0; t < num_tokens; ++t)
+    if (slot_mapping[t] < 0 || slot_mapping[t] >= num_cache_blocks * block_size) return -2;
   if (dtype == 0)
     write_kv(static_cast<const float*>(k), static_cast<const float*>(v), k_token_stride, v_token_stride,
              static_cast<float*>(k_cache), static_cast<float*>(v_cache), slot_mapping, num_tokens, num_kv_heads,
