@@ -149,7 +149,12 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         trust_request_chat_template=trust_request_chat_template, response_role=response_role,
         enable_endpoint_plugins=enable_endpoint_plugins, lora_modules=lora_modules,
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root)
-    asyncio.run(run_server(config, options, host, port, shutdown_timeout))
+    from kernelcore.lora.adapter import LoRAAdapterError
+
+    try:
+        asyncio.run(run_server(config, options, host, port, shutdown_timeout))
+    except LoRAAdapterError as exc:  # only the static --lora-modules are loaded before serving
+        raise click.BadParameter(str(exc), param_hint="--lora-modules") from None
     sys.exit(0)
 
 
