@@ -99,6 +99,7 @@ class MultiprocExecutor:
         errors = [(rank, reply) for rank, reply in enumerate(replies) if reply.error is not None]
         fatal = [(rank, reply) for rank, reply in errors if not reply.is_request_error]
         if fatal:
+            self.check_health()  # a rank that died makes the others fail: name the dead one
             raise WorkerDiedError(f"worker-{fatal[0][0]} failed: {fatal[0][1].error}")
         if errors:
             raise RequestStateError(errors[0][1].error)
@@ -115,9 +116,8 @@ class MultiprocExecutor:
             try:
                 reply = channel.recv(timeout=1.0)
                 break
-            except TimeoutError:
-                if not self.workers[rank].is_alive():
-                    raise WorkerDiedError(f"worker-{rank} died (exit code {self.workers[rank].process.exitcode})")
+            except TimeoutError:  # any rank's death: this one may be waiting for it in a collective
+                self.check_health()
             except (ConnectionError, OSError) as exc:
                 raise WorkerDiedError(f"worker-{rank} is gone: {exc}") from exc
         return reply
