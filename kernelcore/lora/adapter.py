@@ -58,7 +58,7 @@ def check_adapter_config(config: dict, max_rank: int) -> tuple[int, float]:
     if config.get("peft_type", "LORA") != "LORA":
         raise LoRAAdapterError(f"peft_type is {config.get('peft_type')!r}; only 'LORA' adapters are supported")
     rank = config.get("r")
-    if not isinstance(rank, int) or rank < 1:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise LoRAAdapterError(f"adapter rank r={rank!r} must be a positive integer")
     if rank > max_rank:
         raise LoRAAdapterError(f"adapter rank {rank} is larger than --max-lora-rank {max_rank}")
@@ -98,6 +98,12 @@ def _read_weights(path: str) -> dict[str, torch.Tensor]:
             raise LoRAAdapterError(f"{name} does not hold a state dict of tensors")
         return state
     raise LoRAAdapterError(f"no adapter weights: expected one of {list(WEIGHT_NAMES)}")
+
+
+def log_detail(exc: BaseException) -> str:
+    """The client's message plus what caused it (for the server log only: it may hold paths)."""
+    cause = exc.__cause__
+    return f"{exc} [{type(cause).__name__}: {cause}]" if cause is not None else str(exc)
 
 
 def module_name(key: str) -> tuple[str, str] | None:

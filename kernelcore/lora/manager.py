@@ -21,7 +21,7 @@ from kernelcore.config import KernelConfig
 from kernelcore.distributed import get_tp_group
 from kernelcore.forward_context import get_forward_context
 from kernelcore.layers.linear import LinearBase
-from kernelcore.lora.adapter import LoRAAdapter, LoRAAdapterError, check_shapes, load_adapter
+from kernelcore.lora.adapter import LoRAAdapter, LoRAAdapterError, check_shapes, load_adapter, log_detail
 from kernelcore.lora.layers import LoRALinear, full_features
 
 logger = logging.getLogger("kernelcore.lora")
@@ -113,7 +113,7 @@ class LoRAModelManager:
                 logger.warning("LoRA adapter id %d at %s cannot be read: %s", lora_id, path, exc)
                 raise LoRAAdapterError(f"the adapter's files cannot be read ({type(exc).__name__})") from exc
             except LoRAAdapterError as exc:
-                logger.warning("LoRA adapter id %d at %s refused: %s", lora_id, path, exc)
+                logger.warning("LoRA adapter id %d at %s refused: %s", lora_id, path, log_detail(exc))
                 raise
             self.cpu_cache[lora_id] = adapter
             while len(self.cpu_cache) > self.max_cpu_loras:

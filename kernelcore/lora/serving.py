@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError, load_adapter
+from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError, load_adapter, log_detail
 from kernelcore.lora.resolver import build_registry, confine, resolve
 
 logger = logging.getLogger("kernelcore.lora")
@@ -118,7 +118,7 @@ class LoRAServing:
                 self._next_id += 1
                 await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
             except LoRAAdapterError as exc:
-                logger.warning("LoRA adapter %r at %s refused: %s", name, path, exc)
+                logger.warning("LoRA adapter %r at %s refused: %s", name, path, log_detail(exc))
                 raise
             self.adapters[name] = lora
             logger.info("LoRA adapter %r (id %d) loaded from %s", name, lora.lora_id, path)
@@ -150,7 +150,8 @@ class LoRAServing:
             self._next_id += 1
             await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
         except (LoRANotFoundError, LoRAAdapterError) as exc:  # the client's words: the name, never the path
-            logger.warning("LoRA adapter %r found by resolver %r at %s refused: %s", name, resolver, path, exc)
+            logger.warning("LoRA adapter %r found by resolver %r at %s refused: %s", name, resolver, path,
+                           log_detail(exc))
             raise LoRAAdapterError(f"LoRA adapter '{name}' was found by resolver {resolver!r} but could not be "
                                    f"loaded: {exc}") from exc
         self.adapters[name] = lora
