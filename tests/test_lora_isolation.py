@@ -157,3 +157,32 @@ def test_bad_adapter_fails_alone_and_the_engine_keeps_serving(dirs, tmp_path, tp
     assert after["tokens"]["swapped-again"] != after["tokens"]["base-2"]
     if tp > 1:
         assert "worker-1" in out["dead"]
+
+
+def test_scheduler_fails_left_out_requests_alone_and_frees_their_blocks():
+    from kernelcore.config import KernelConfig, LoraConfig, ModelConfig
+    from kernelcore.engine.outputs import ModelRunnerOutput
+    from kernelcore.engine.request import EngineCoreRequest
+    from kernelcore.engine.sampling_params import SamplingParams
+    from kernelcore.engine.scheduler import Scheduler
+
+    config = KernelConfig(model=ModelConfig(max_model_len=256), lora=LoraConfig(enable_lora=True, max_loras=2))
+    scheduler = Scheduler(config, num_blocks=64, block_size=16)
+    scheduler.lora_names[1] = "broken"
+    for rid, lora_id in (("base", 0), ("lora", 1), ("grammar", 0)):
+        scheduler.add_request(EngineCoreRequest(request_id=rid, prompt_token_ids=[5, 6, 7, 8], lora_id=lora_id,
+                                                sampling_params=SamplingParams(max_tokens=3, ignore_eos=True)))
+    out = scheduler.schedule()
+    assert list(out.num_scheduled_tokens) == ["base", "lora", "grammar"]
+    outputs = scheduler.update_from_output(out, ModelRunnerOutput(
+        ["base"], [9], failed={"grammar": "its grammar cannot be compiled"}, failed_loras={1: "bad tensor"}))
+    assert [o.request_id for o in outputs] == ["base"]
+    assert scheduler.failed == {"grammar": "its grammar cannot be compiled",
+                                "lora": "LoRA adapter 'broken' cannot be used: bad tensor"}
+    assert list(scheduler.requests) == ["base"] and sorted(scheduler.finished_req_ids) == ["grammar", "lora"]
+    assert scheduler.kv.usage > 0
+    while scheduler.has_unfinished_requests():  # the survivor runs to its end
+        out = scheduler.schedule()
+        assert list(out.num_scheduled_tokens) == ["base"]
+        outputs = scheduler.update_from_output(out, ModelRunnerOutput(["base"], [9]))
+    assert outputs[-1].finish_reason == "length" and scheduler.kv.usage == 0
