@@ -1,0 +1,146 @@
+"""Decode graphs on the CPU: the capture/replay bookkeeping of kernelcore.executor.graph_runner, driven by the
+test double of the kc_dummy_triton_interp plugin (capture keeps the callable, a replay re-runs it on the static
+buffers). A graph runner and an eager runner load the same checkpoint and take the same steps; their logits
+and KV caches must agree for every batch size, padded or not, and steps a graph cannot take must fall back."""
+
+import pytest
+import torch
+
+from conftest_models import make_llama_checkpoint, make_opt_checkpoint
+from kernelcore import hookimpl, plugins
+from kernelcore.config_builder import build_config
+from kernelcore.executor.graph_runner import capture_sizes
+from kernelcore.executor.model_runner import ModelRunner, SeqBatchEntry as E
+
+pytest.importorskip("kc_dummy_triton_interp", reason="bash scripts/test.sh installs the dummy plugins")
+
+BLOCK_SIZE, NUM_BLOCKS = 4, 48
+SIZES = [1, 4, 8]
+
+
+class GraphsOnCpu:
+    """A plugin lending the CPU platform the test double (the CPU platform itself captures nothing)."""
+
+    @hookimpl
+    def get_graph_capture_backend_cls(self, config):
+        return "kc_dummy_triton_interp.graphs.RerunCaptureBackend"
+
+
+@pytest.fixture
+def graphs_plugin():
+    pm = plugins.get_plugin_manager()
+    plugin = GraphsOnCpu()
+    pm.register(plugin, name="test-graphs-on-cpu")
+    yield
+    pm.unregister(plugin)
+
+
+@pytest.fixture(scope="module", params=["llama", "opt"])
+def checkpoint(request, tmp_path_factory):
+    make = make_llama_checkpoint if request.param == "llama" else make_opt_checkpoint
+    return make(str(tmp_path_factory.mktemp(request.param) / "ckpt"))
+
+
+def make_runner(path: str, **kwargs) -> ModelRunner:
+    config = build_config(model=path, dtype="float32", block_size=BLOCK_SIZE, max_num_seqs=16,
+                          graph_capture_sizes=SIZES, **kwargs)
+    runner = ModelRunner(config)
+    runner.load_model()
+    runner.allocate_kv_cache(NUM_BLOCKS)
+    return runner
+
+
+class Sequences:
+    """Eleven sequences with scattered block tables, stepped identically on every runner. The last one
+    takes over the blocks of sequence 7 once that one is done (as the scheduler reuses freed blocks)."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        lens = (5, 9, 3, 12, 7, 4, 6, 10, 2, 8, 13)
+        self.tokens = [torch.randint(3, 300, (n,), generator=g).tolist() for n in lens]
+        free = torch.randperm(NUM_BLOCKS, generator=g).tolist()
+        self.tables = [[free.pop() for _ in range(4)] for _ in lens[:-1]]  # room for 16 tokens each
+        self.tables.append(self.tables[7])
+        self.done = [0] * len(lens)
+
+    def prefill(self, seqs) -> list[E]:
+        entries = [E(self.tokens[i], 0, self.tables[i]) for i in seqs]
+        for i in seqs:
+            self.done[i] = len(self.tokens[i])
+        return entries
+
+    def decode(self, seqs, step: int) -> list[E]:
+        entries = [E([(7 * i + step) % 300 + 3], self.done[i], self.tables[i]) for i in seqs]
+        for i in seqs:
+            self.done[i] += 1
+        return entries
+
+
+def run_both(graph: ModelRunner, eager: ModelRunner, entries: list[E]) -> torch.Tensor:
+    got, want = graph.execute(entries).clone(), eager.execute(entries).clone()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    return got
+
+
+def test_padded_decode_graphs_match_eager_and_write_only_their_slots(graphs_plugin, checkpoint):
+    graph, eager = make_runner(checkpoint), make_runner(checkpoint, enforce_eager=True)
+    runner = graph.graph_runner
+    assert eager.graph_runner is None and runner is not None
+    assert sorted(runner.graphs) == SIZES and runner.backend.num_captures == len(SIZES)
+    assert graph.kv_caches[0].shape[1] == eager.kv_caches[0].shape[1] + 1  # the spare block for padded rows
+
+    seqs = Sequences()
+    run_both(graph, eager, seqs.prefill(range(10)))
+    assert runner.num_replays == 0  # prefill runs eagerly
+    run_both(graph, eager, seqs.decode(range(8), 0))  # fills the graph of 8
+    run_both(graph, eager, seqs.prefill([10]))  # sequence 7 is done; 10 now owns its blocks
+    # 5 pads to 8 over rows the step of 8 used (one held sequence 7's last slot, now 10's); 3 pads to 4;
+    # 1 and 4 fit exactly.
+    for step, batch in enumerate([[0, 2, 4, 6, 10], [1, 3, 10], [9], [0, 1, 2, 3]], start=1):
+        run_both(graph, eager, seqs.decode(batch, step))
+        assert runner.num_replays == step + 1
+        assert runner.backend.num_replays == step + 1
+    # The scheduler's blocks hold the same keys and values: padded rows wrote only the spare block.
+    for got, want in zip(graph.kv_caches, eager.kv_caches):
+        torch.testing.assert_close(got[:, :NUM_BLOCKS], want)
+
+
+def test_steps_a_graph_cannot_take_run_eagerly(graphs_plugin, checkpoint):
+    graph, eager = make_runner(checkpoint), make_runner(checkpoint, enforce_eager=True)
+    runner = graph.graph_runner
+    seqs = Sequences()
+    run_both(graph, eager, seqs.prefill(range(6)))
+    run_both(graph, eager, seqs.prefill([6, 7]) + seqs.decode(range(6), 0))  # mixed: prefills with decodes
+    assert runner.num_replays == 0
+    run_both(graph, eager, seqs.prefill([8, 9]))
+    run_both(graph, eager, seqs.decode(range(10), 1))  # 10 decodes: above the largest captured size
+    assert runner.num_replays == 0
+    no_logit = seqs.decode([0, 1], 2)
+    no_logit[1].num_logits = 0  # a row without logits: not the captured shape
+    run_both(graph, eager, no_logit)
+    assert runner.num_replays == 0
+    run_both(graph, eager, seqs.decode(range(2), 3))
+    assert runner.num_replays == 1
+
+
+def test_enforce_eager_and_platforms_without_graphs_capture_nothing(graphs_plugin, checkpoint):
+    runner = make_runner(checkpoint, enforce_eager=True)
+    assert runner.graph_runner is None and runner.kv_caches[0].shape[1] == NUM_BLOCKS
+
+
+def test_the_cpu_platform_captures_nothing(checkpoint):
+    runner = make_runner(checkpoint)
+    assert runner.graph_runner is None and runner.kv_caches[0].shape[1] == NUM_BLOCKS
+
+
+def test_capture_sizes(checkpoint):
+    def sizes(max_num_seqs, chosen=None):
+        return capture_sizes(build_config(model=checkpoint, max_num_seqs=max_num_seqs, graph_capture_sizes=chosen))
+
+    assert sizes(128) == [1, 2, 4, *range(8, 129, 8)]
+    assert sizes(3) == [1, 2, 3]
+    assert sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert sizes(1000)[-1] == 256
+    assert sizes(16, [32, 2, 8, 2]) == [2, 8]  # none above max_num_seqs, each once
+    with pytest.raises(ValueError, match="positive"):
+        sizes(16, [0, 4])
