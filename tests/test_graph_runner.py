@@ -3,6 +3,8 @@ test double of the kc_dummy_triton_interp plugin (capture keeps the callable, a 
 buffers). A graph runner and an eager runner load the same checkpoint and take the same steps; their logits
 and KV caches must agree for every batch size, padded or not, and steps a graph cannot take must fall back."""
 
+import json
+
 import pytest
 import torch
 
@@ -144,3 +146,46 @@ def test_capture_sizes(checkpoint):
     assert sizes(16, [32, 2, 8, 2]) == [2, 8]  # none above max_num_seqs, each once
     with pytest.raises(ValueError, match="positive"):
         sizes(16, [0, 4])
+
+
+GENERATE = """
+import json, sys
+from kernelcore import LLM, SamplingParams
+
+path = sys.argv[1]
+prompts = [{"prompt_token_ids": p} for p in ([5, 9, 11, 3, 7], list(range(40, 58)), [3, 4, 8])]
+params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)
+report = {}
+for eager in (False, True):
+    llm = LLM(path, dtype="float32", enforce_eager=eager, kv_cache_memory=4 << 20)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    graphs = llm.engine_core.executor.worker.model_runner.graph_runner
+    report["eager" if eager else "graphs"] = {
+        "tokens": [o.outputs[0].token_ids for o in outs],
+        "logprobs": [[{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs] for o in outs],
+        "graphs": None if graphs is None else {"backend": graphs.backend.name, "sizes": sorted(graphs.graphs),
+                                               "replays": graphs.num_replays}}
+    llm.shutdown()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_vendor_platform_generates_through_its_decode_graphs(tmp_path):
+    """The kc_dummy_triton_interp platform names the double through the hook; the offline LLM then decodes
+    through captured sizes 1, 2, 4 (Triton kernels in the interpreter) exactly as its eager twin does."""
+    pytest.importorskip("triton", reason="pip install 'kernelcore[cuda]'")
+    from helpers import run_python
+
+    path = make_llama_checkpoint(str(tmp_path / "llama"))
+    proc = run_python(GENERATE.replace("sys.argv[1]", repr(path)), KC_TRITON_INTERP="1", TRITON_INTERPRET="1")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    graphs, eager = report["graphs"], report["eager"]
+    assert eager["graphs"] is None
+    assert graphs["graphs"]["backend"] == "rerun (test double)" and graphs["graphs"]["sizes"] == [1, 2, 4]
+    assert graphs["graphs"]["replays"] >= 5  # every decode step of the three sequences (3 pads to 4)
+    assert graphs["tokens"] == eager["tokens"] and all(len(t) == 6 for t in eager["tokens"])
+    for got, want in zip(graphs["logprobs"], eager["logprobs"]):
+        for g, w in zip(got, want):
+            assert g.keys() == w.keys()
+            assert all(abs(g[k] - w[k]) < 1e-4 for k in g)
