@@ -9,6 +9,7 @@ a failing or timed-out section leaves the others' results. Nothing here asserts:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -114,13 +115,25 @@ def parity(device: str, root: str) -> dict:
 
     makers = {n[len("make_"):-len("_checkpoint")]: getattr(conftest_models, n) for n in sorted(dir(conftest_models))
               if n.startswith("make_") and n.endswith("_checkpoint")}
+    for arch in getattr(conftest_models, "ARCH_DEFAULTS", {}):  # the generic maker's architectures, if any
+        makers.setdefault(arch, functools.partial(conftest_models.make_checkpoint, arch))
     report = {}
     for name, make in makers.items():
         path = make(os.path.join(root, name))
-        runs = {"graphs": run_kernelcore_tiny(path, eager=False), "eager": run_kernelcore_tiny(path, eager=True)}
+        runs, arch = {}, {}
+        for mode in ("graphs", "eager"):  # one failing mode still leaves the other's figures
+            try:
+                runs[mode] = run_kernelcore_tiny(path, eager=mode == "eager")
+            except Exception:
+                arch[mode] = {"error": traceback.format_exc(limit=6)}
+                print(arch[mode]["error"], flush=True)
+        if not runs:
+            report[name] = arch
+            continue
         ref = hf_reference(path, device, runs)
         total = sum(len(w) for w in ref["greedy"])
-        arch = {"graphs_equal_eager_tokens": runs["graphs"]["tokens"] == runs["eager"]["tokens"]}
+        if len(runs) == 2:
+            arch["graphs_equal_eager_tokens"] = runs["graphs"]["tokens"] == runs["eager"]["tokens"]
         for mode, run in runs.items():
             arch[mode] = {
                 "greedy_token_match": sum(a == b for g, w in zip(run["tokens"], ref["greedy"]) for a, b in zip(g, w))
@@ -203,12 +216,42 @@ def main() -> None:
     if smoke:
         enable_cpu_graph_double()
     root = tempfile.mkdtemp(prefix="kc-gpu-check-")
-    report.section("parity", parity, device, root)
-    report.section("serve", serve, smoke, out_dir)
+    sections = os.environ.get("KC_GPU_CHECK_SECTIONS", "parity,serve,perf").split(",")
     from gpu_perf import perf
 
-    report.section("perf", perf, device, smoke, root)
+    for name, fn, args in (("parity", parity, (device, root)), ("serve", serve, (smoke, out_dir)),
+                           ("perf", perf, (device, smoke, root))):
+        if name in sections:
+            report.section(name, fn, *args)
     print(json.dumps(report.data, indent=2, default=str))
+    print("\n".join(summary(report.data)))
+
+
+def summary(data: dict) -> list[str]:
+    """The short table the device tool's reply ends with (the full numbers are in results.json)."""
+    lines = [f"GPU check on {data['gpu']} ({data['date']}); errors in: {sorted(data['errors']) or 'none'}",
+             f"native tests: {data.get('native_tests', 'not run')}"]
+    for arch, modes in (data.get("parity") or {}).items():
+        cells = [f"{m} match {r['greedy_token_match']:.0%} dlogprob {r['max_logprob_abs_diff']:.1e}"
+                 if "error" not in r else f"{m} ERROR" for m, r in modes.items() if isinstance(r, dict)]
+        lines.append(f"parity {arch}: " + "; ".join(cells))
+    if data.get("serve"):
+        lines.append("serve: " + " ".join(f"{k}={v}" for k, v in data["serve"].items() if k != "sample"))
+    perf = data.get("perf") or {}
+    for mode in ("graphs", "eager", "transformers"):
+        r = perf.get(mode) or {}
+        if "error" in r:
+            lines.append(f"{mode}: ERROR")
+            continue
+        tps = " ".join(f"{w} {r[f'{w}_tokens_per_s']:.0f} tok/s" for w in ("uniform", "mixed") if f"{w}_tokens_per_s" in r)
+        steps = " ".join(f"b{k[len('decode_batch'):]} {v['step_ms']:.2f} ms (matmuls {v['matmul_share']:.0%})"
+                         for k, v in r.items() if k.startswith("decode_batch"))
+        memory = r.get("memory") or {}
+        peak = f" peak {memory['peak_allocated_gib']:.2f} GiB" if memory.get("peak_allocated_gib") else ""
+        lines.append(f"{mode}: {tps} {steps}{peak}".rstrip())
+    for k, v in (perf.get("ratios") or {}).items():
+        lines.append(f"  {k}: {v:.2f}x")
+    return lines
 
 
 if __name__ == "__main__":

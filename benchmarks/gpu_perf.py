@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -144,12 +145,21 @@ def perf(device: str, smoke: bool, root: str) -> dict:
     workloads = {name: make_workload(name, vocab, quick=smoke) for name in WORKLOADS}
     report = {"dtype": dtype, "shape": SHAPE_SMOKE if smoke else SHAPE_1B}
     for mode, eager in (("graphs", False), ("eager", True)):
-        report[mode] = run_kernelcore(path, dtype, workloads, eager, device, smoke)
+        try:  # one failing mode still leaves the other's figures
+            report[mode] = run_kernelcore(path, dtype, workloads, eager, device, smoke)
+        except Exception:
+            report[mode] = {"error": traceback.format_exc(limit=6)}
+            from gpu_check import free_memory
+
+            free_memory()
         print(f"kernelcore {mode}: {report[mode]}", flush=True)
     report["transformers"] = {f"{name}_tokens_per_s": run_transformers(path, dtype, work, device)
                               for name, work in workloads.items()}
     print(f"transformers: {report['transformers']}", flush=True)
     graphs, eager, hf = report["graphs"], report["eager"], report["transformers"]
+    if "error" in graphs or "error" in eager:
+        report["ratios"] = None  # the JSON holds the failing mode's traceback
+        return report
     report["ratios"] = {
         **{f"{name}_kernelcore_vs_transformers": graphs[f"{name}_tokens_per_s"] / hf[f"{name}_tokens_per_s"]
            for name in WORKLOADS},

@@ -15,7 +15,7 @@ import torch
 from conftest_models import make_llama_checkpoint, make_opt_checkpoint
 from kernelcore import hookimpl, plugins
 from kernelcore.config_builder import build_config
-from kernelcore.executor.graph_runner import capture_sizes
+from kernelcore.executor.graph_runner import GraphCaptureBackend, capture_sizes
 from kernelcore.executor.model_runner import ModelRunner, SeqBatchEntry as E
 
 pytest.importorskip("kc_dummy_triton_interp", reason="bash scripts/test.sh installs the dummy plugins")
@@ -148,6 +148,54 @@ def test_enforce_eager_and_platforms_without_graphs_capture_nothing(graphs_plugi
 def test_the_cpu_platform_captures_nothing(checkpoint):
     runner = make_runner(checkpoint)
     assert runner.graph_runner is None and runner.kv_caches[0].shape[1] == NUM_BLOCKS
+
+
+def test_a_hook_naming_something_else_is_a_clear_error(checkpoint):
+    class NotABackend:
+        @hookimpl
+        def get_graph_capture_backend_cls(self, config):
+            return "collections.OrderedDict"
+
+    pm = plugins.get_plugin_manager()
+    plugin = NotABackend()
+    pm.register(plugin, name="test-not-a-backend")
+    try:
+        with pytest.raises(TypeError, match="collections.OrderedDict.*not a GraphCaptureBackend"):
+            make_runner(checkpoint)
+    finally:
+        pm.unregister(plugin)
+    from builtin_plugins.cuda.graphs import CudaGraphCaptureBackend  # importable without a GPU
+
+    assert issubclass(CudaGraphCaptureBackend, GraphCaptureBackend)
+
+
+class FailingCapture(GraphCaptureBackend):
+    name = "failing"
+
+    def capture(self, fn):
+        fn()
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+@cpu_only
+def test_a_model_that_cannot_be_captured_runs_eagerly(checkpoint, caplog):
+    class Failing:
+        @hookimpl
+        def get_graph_capture_backend_cls(self, config):
+            return f"{__name__}.FailingCapture"
+
+    pm = plugins.get_plugin_manager()
+    plugin = Failing()
+    pm.register(plugin, name="test-failing-capture")
+    try:
+        graph = make_runner(checkpoint)
+    finally:
+        pm.unregister(plugin)
+    assert graph.graph_runner is None
+    assert "Could not capture failing decode graphs" in caplog.text and "not permitted" in caplog.text
+    eager, seqs = make_runner(checkpoint, enforce_eager=True), Sequences()
+    run_both(graph, eager, seqs.prefill(range(3)))
+    run_both(graph, eager, seqs.decode(range(3), 0))
 
 
 def test_capture_sizes(checkpoint):

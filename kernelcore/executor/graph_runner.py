@@ -114,10 +114,18 @@ class DecodeGraphRunner:
         return forward
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        for size in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory
-            self.graphs[size] = self.backend.capture(self._forward(size))
+    def capture(self) -> bool:
+        """Capture every size; False (and a warning) when the model cannot be captured: it then runs eagerly."""
+        try:
+            for size in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory
+                self.graphs[size] = self.backend.capture(self._forward(size))
+        except Exception as exc:  # e.g. a layer that reads device values on the host (a sync)
+            logger.warning("Could not capture %s decode graphs (%s: %s); running every step eagerly "
+                           "(--enforce-eager skips the attempt)", self.backend.name, type(exc).__name__, exc)
+            self.graphs.clear()
+            return False
         logger.info("Captured %s decode graphs for batch sizes %s", self.backend.name, self.sizes)
+        return True
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The smallest captured size holding ``num_seqs`` sequences, or None (run eagerly)."""

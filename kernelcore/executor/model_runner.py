@@ -74,7 +74,8 @@ class ModelRunner:
             self.model, backend, capture_sizes(self.config), max_blocks_per_seq=-(-max_len // self.block_size),
             pad_block=self.num_blocks, block_size=self.block_size, max_seq_len=max_len,
             device=next(self.model.parameters()).device)
-        self.graph_runner.capture()
+        if not self.graph_runner.capture():
+            self.graph_runner = None
 
     def _arange_to(self, n: int) -> torch.Tensor:
         if n >= self._arange.numel():
