@@ -209,7 +209,17 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
             except asyncio.TimeoutError:
                 break
         if state.num_in_flight:
+            from kernelcore.entrypoints.server.streaming import SHUTTING_DOWN, ServerShuttingDown
+
             logger.info("Aborting %d request(s) still in flight", state.num_in_flight)
+            engine.fail_all(ServerShuttingDown(SHUTTING_DOWN))  # streams get an error event and [DONE]
+            deadline = loop.time() + 2.0  # their handlers only have to write the error out
+            while state.num_in_flight and loop.time() < deadline:
+                state.in_flight_changed.clear()
+                try:
+                    await asyncio.wait_for(state.in_flight_changed.wait(), deadline - loop.time())
+                except asyncio.TimeoutError:
+                    break
     finally:
         if runner is not None:
             await runner.cleanup()  # cancels the remaining handlers; each aborts its engine request

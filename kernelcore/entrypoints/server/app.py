@@ -107,13 +107,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return error_response(APIError(exc.reason, exc.status), headers)
-    except asyncio.CancelledError:
-        if request.app[STATE].is_shutting_down and request.method == "POST":  # the shutdown deadline passed
-            from kernelcore.entrypoints.server.streaming import SHUTTING_DOWN
-
-            return error_response(APIError(SHUTTING_DOWN, 503), headers)
-        raise
-    except ConnectionError:
+    except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
         logger.exception("Unhandled error in %s %s", request.method, request.path)
