@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 import aiohttp
 import openai
@@ -30,15 +31,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(*args: str, timeout: float = 180) -> tuple[subprocess.Popen, str]:
+def start_server(*args: str, timeout: float = 180, log: Any = None, **env: str) -> tuple[subprocess.Popen, str]:
+    """``kc serve`` on a free port; its output goes to ``log`` (an open file) when given, else to a pipe."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kernelcore.entrypoints.cli", "serve", "--port", str(port), *args],
-                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=clean_env(**env), stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}):\n{proc.stdout.read()}")
+            output = proc.stdout.read() if proc.stdout else open(log.name).read()
+            raise RuntimeError(f"server exited ({proc.returncode}):\n{output}")
         try:
             if requests.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
