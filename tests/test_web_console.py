@@ -207,3 +207,17 @@ def test_log_file_has_plain_lines_no_progress_bars(served):
     assert "Its weights are random: it answers with random text" in text and "default-model-v1" in text
     for line in text.splitlines():  # every line is a log record, an echo of ours, or a traceback (none expected)
         assert line.split(" ", 1)[0] in ("INFO", "WARNING", "Starting"), line
+
+
+def test_read_trace_returns_whole_lines_and_resumes_from_the_offset(tmp_path):
+    from kernelcore.entrypoints.server.console import read_trace
+
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"hook": "a"}\n{"hook": "b"}\n{"hook": "c"')  # the last line is still being written
+    events, offset = read_trace(str(path), 0)
+    assert [e["hook"] for e in events] == ["a", "b"]
+    with open(path, "a") as f:
+        f.write('}\n')
+    events, offset = read_trace(str(path), offset)
+    assert [e["hook"] for e in events] == ["c"] and offset == path.stat().st_size
+    assert read_trace(str(tmp_path / "missing.jsonl"), 5) == ([], 0)

@@ -82,7 +82,7 @@ def ensure_default_model() -> str:
 
 def describe(path: str) -> str:
     """The start-up notice for the default model: where it lives and what its answers are worth."""
-    return (f"Serving the embedded default model from {path}. Its weights are random: it answers with random "
+    return (f"Using the embedded default model at {path}. Its weights are random: it answers with random "
             "text by design (it exercises the whole server). For real answers pass a local Hugging Face "
             "checkpoint directory, e.g. `kc serve /path/to/opt-125m`.")
 
