@@ -12,7 +12,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest_models import make_llama_checkpoint
-from test_server_e2e import start_server, stop_server
+from test_server_e2e import server_log, start_server, stop_server
 
 MAX_MODEL_LEN = 128
 
@@ -45,16 +45,13 @@ def model_without_chat_template(path: str) -> str:
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("first_run")
     model = model_without_chat_template(str(root / "no-template-llama"))
-    log_path = root / "serve.log"
-    with open(log_path, "w") as log:
-        proc, url = start_server(model, "--no-web-console", "--max-model-len", str(MAX_MODEL_LEN), log=log)
-    yield url, log_path
+    proc, url = start_server(model, "--no-web-console", "--max-model-len", str(MAX_MODEL_LEN))
+    yield url, proc  # its output goes to a file: server_log(proc)
     stop_server(proc)
 
 
 def test_startup_warns_about_the_missing_chat_template(served):
-    _, log_path = served
-    text = log_path.read_text()
+    text = server_log(served[1])
     assert "WARNING" in text and "has no chat template" in text and "--chat-template" in text, text
     assert "answers with random text" not in text  # that notice is only for the embedded default model
 
@@ -71,13 +68,13 @@ def test_chat_request_gets_a_400_that_names_the_flag_and_harms_nothing(served):
 
 
 def test_too_long_prompt_is_a_400_without_transformers_length_warning(served):
-    url, log_path = served
+    url, proc = served
     r = requests.post(url + "/v1/completions", json={"prompt": "hello world " * 1500, "max_tokens": 1}, timeout=60)
     assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"].lower()
     r = requests.post(url + "/tokenize", json={"prompt": "hello world " * 1500}, timeout=60)  # encodes past the limit too
     assert r.status_code in (200, 400)
     assert requests.get(url + "/health", timeout=30).status_code == 200
-    assert "Token indices sequence length" not in log_path.read_text()
+    assert "Token indices sequence length" not in server_log(proc)
 
 
 def test_no_web_console_turns_the_page_and_its_api_off(served):

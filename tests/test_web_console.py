@@ -15,7 +15,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import clean_env
-from test_server_e2e import start_server, stop_server
+from test_server_e2e import server_log, start_server, stop_server
 
 API_KEY = "sk-console"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -28,12 +28,10 @@ SAFETY_TIMEOUT = 120  # seconds; only a net under event-driven waits
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("console") / "serve.log"
-    trace = log_path.parent / "trace.jsonl"
-    with open(log_path, "w") as log:
-        proc, url = start_server("--api-key", API_KEY, "--metrics-prefix", "vllm", "--default-max-tokens", "5",
-                                 log=log, KC_TRACE_PLUGINS=str(trace))
-    yield url, log_path
+    trace = tmp_path_factory.mktemp("console") / "trace.jsonl"
+    proc, url = start_server("--api-key", API_KEY, "--metrics-prefix", "vllm", "--default-max-tokens", "5",
+                             KC_TRACE_PLUGINS=str(trace))
+    yield url, proc  # its output goes to a file: proc.log_path
     stop_server(proc)
 
 
@@ -200,8 +198,7 @@ def test_kc_chat_prints_model_and_url_and_answers_commands_locally(url):
 
 
 def test_log_file_has_plain_lines_no_progress_bars(served):
-    _, log_path = served
-    text = log_path.read_text()
+    text = server_log(served[1])
     assert "\r" not in text and "%|" not in text and "\x1b[" not in text, text
     assert "Loading weights: 1 safetensors file(s)" in text
     assert "Its weights are random: it answers with random text" in text and "default-model-v1" in text
