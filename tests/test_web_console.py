@@ -66,6 +66,7 @@ def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
 
 
+@pytest.mark.slow
 def test_browser_chat_stream_stop_and_console(url, tmp_path):
     try:
         from playwright.sync_api import sync_playwright
