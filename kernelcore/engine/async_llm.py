@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -22,7 +23,7 @@ from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
 from kernelcore.engine.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
-from kernelcore.hostproc.ipc import AsyncChannel
+from kernelcore.hostproc.ipc import AsyncChannel, remove_private_dir
 from kernelcore.metrics import StatLoggerBase
 from kernelcore.metrics.request_stats import FinishedRequestStats
 from kernelcore.metrics.stats import EngineStats
@@ -58,11 +59,13 @@ class AsyncLLM:
         self._channel: AsyncChannel | None = None
         self._tasks: list[asyncio.Task] = []
         self._log_interval = 5.0
+        self._private_dir = ""
 
     @classmethod
     async def create(cls, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> "AsyncLLM":
         self = cls(config, stat_loggers)
         self.process, listener, info = await asyncio.to_thread(start_engine_core, config)
+        self._private_dir = os.path.dirname(listener.path)
         try:
             sock = await asyncio.to_thread(listener.accept_socket, 30.0)
         finally:
@@ -126,6 +129,14 @@ class AsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         self.abort_nowait(request_id)
+
+    def fail_all(self, error: BaseException) -> int:
+        """Abort every request in flight; each ``generate`` raises ``error``. Returns how many there were."""
+        failed = list(self.tracked.items())
+        for request_id, tracked in failed:
+            self.abort_nowait(request_id)
+            tracked.queue.put_nowait(error)
+        return len(failed)
 
     async def add_lora(self, lora_id: int, path: str, name: str | None = None) -> None:
         """Register an adapter directory (validated by the caller) before requests use ``lora_id``."""
@@ -243,6 +254,7 @@ class AsyncLLM:
         self.process.terminate()
         if self._channel is not None:
             self._channel.close()
+        remove_private_dir(self._private_dir)
         for stat_logger in self.stat_loggers:
             stat_logger.shutdown()
         self._die(EngineDeadError("the engine was shut down"), is_expected=True)

@@ -27,12 +27,31 @@ class EnginePrompt:
 
 
 def engine_error(exc: BaseException) -> APIError:
-    """Map what ``AsyncLLM.generate`` raises to the error the client sees."""
+    """Map what ``AsyncLLM.generate`` raises to the error the client sees.
+
+    Clients get the server's own words; what went wrong inside (tracebacks, tensor shapes, paths)
+    goes to the log only.
+    """
+    from kernelcore.engine.async_llm import EngineDeadError
+
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, ValueError):  # admission: the request can never be served
+    if isinstance(exc, ServerShuttingDown):
+        return APIError(SHUTTING_DOWN, 503)
+    if isinstance(exc, EngineDeadError):
+        logger.error("request refused: %s", exc)
+        return APIError("The engine is not running; this server cannot serve requests now", 503)
+    if isinstance(exc, ValueError):  # admission: the request can never be served (our own message)
         return APIError(str(exc), 400)
-    return APIError(str(exc) or type(exc).__name__, 500)  # EngineDeadError, RequestError
+    logger.error("request failed in the engine: %s: %s", type(exc).__name__, exc)
+    return APIError("The request failed inside the engine; the server log has the details", 500)
+
+
+SHUTTING_DOWN = "The server is shutting down; the request was stopped"
+
+
+class ServerShuttingDown(RuntimeError):
+    """Raised into the requests still running when the shutdown deadline passes."""
 
 
 async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIterator[RequestOutput]:
@@ -114,7 +133,7 @@ class ChoiceState:
 
 def check_not_aborted(output: CompletionOutput) -> None:
     if output.finish_reason == "abort":
-        raise APIError("The request was aborted by the engine", 500)
+        raise APIError("The request was aborted by the engine", 503)
 
 
 class SSEWriter:
