@@ -37,6 +37,25 @@ class ParallelConfig:
     worker_cls: str = "auto"
     num_threads: int | None = None  # torch threads per worker; None = the CPU cores divided among the ranks
     distributed_init_method: str | None = None
+    distributed_executor_backend: str | None = None  # a registered executor name; None = "uni" or "mp" by size
+    # Several hosts (the multiprocess executor): node 0 runs the engine, the others run workers only (headless).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None  # the head's address every node reaches; the head binds it (only it)
+    master_port: int | None = None
+    cluster_secret: str | None = field(default=None, repr=False)  # authenticates every cross-host connection
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    def node_ranks(self, node_rank: int) -> range:
+        """The global ranks whose workers run on node ``node_rank``."""
+        return range(node_rank * self.ranks_per_node, (node_rank + 1) * self.ranks_per_node)
 
 
 @dataclass

@@ -17,6 +17,7 @@ import msgspec
 from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
 from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from kernelcore.executor.base import ExecutorBase, WorkerDiedError
 from kernelcore.hostproc.ipc import Channel, Listener, private_socket_dir
 
 logger = logging.getLogger("kernelcore.executor")
@@ -45,17 +46,13 @@ class LoraCall(msgspec.Struct, tag="lora"):
 WorkerRequest = Union[Call, Execute, LoraCall]
 
 
-class WorkerDiedError(RuntimeError):
-    """A worker process died or failed; the engine cannot continue."""
-
-
 def _free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-class MultiprocExecutor:
+class MultiprocExecutor(ExecutorBase):
     def __init__(self, config: KernelConfig) -> None:
         self.config = config
         self.world_size = config.parallel.tensor_parallel_size
@@ -68,7 +65,7 @@ class MultiprocExecutor:
             for rank in range(self.world_size):
                 path = os.path.join(self.socket_dir, f"worker-{rank}.sock")
                 listeners.append(Listener(path))
-                self.workers.append(hostproc.spawn("kernelcore.executor.multiproc.worker_main", role=f"worker-{rank}",
+                self.workers.append(hostproc.spawn("builtin_plugins.executors.multiproc.worker_main", role=f"worker-{rank}",
                                                    args=(config.for_rank(rank), rank, init_method, path)))
             for worker in self.workers:
                 worker.wait_ready(envs.KC_READY_TIMEOUT)
