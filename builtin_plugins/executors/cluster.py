@@ -64,14 +64,15 @@ def mismatches(expected: dict[str, str], actual: dict[str, str], where: str) -> 
             for key, value in expected.items() if actual.get(key) != value]
 
 
-def exchange_heartbeats(channel: Channel, stop: threading.Event) -> str:
+def exchange_heartbeats(channel: Channel, stop: threading.Event, send_lock: threading.Lock) -> str:
     """Send a heartbeat every interval and read the peer's until ``stop`` ("stopped") or the peer's
     NodeShutdown ("shutdown"); raises when the peer closes or stays silent for HEARTBEAT_TIMEOUT."""
     last_heard, next_send = time.monotonic(), 0.0
     while not stop.is_set():
         now = time.monotonic()
         if now >= next_send:
-            channel.send(Heartbeat())
+            with send_lock:
+                channel.send(Heartbeat())
             next_send = now + HEARTBEAT_INTERVAL
         for message in channel.recv_available(HEARTBEAT_INTERVAL):
             last_heard = time.monotonic()
@@ -98,6 +99,7 @@ class ClusterServer:
         self.lost: str | None = None  # a node gone after it joined
         self.stop = threading.Event()
         self.node_threads: list[threading.Thread] = []
+        self.node_channels: list[tuple[Channel, threading.Lock]] = []
         self.sock = listen(p.master_addr, p.master_port)
         logger.info("Cluster port listening on %s for %d more node(s)", self.address, p.nnodes - 1)
         threading.Thread(target=self._accept_loop, name="kc-cluster-accept", daemon=True).start()
@@ -156,19 +158,18 @@ class ClusterServer:
                 self.changed.notify_all()
             return
         channel.send(NodeAccept())
+        send_lock = threading.Lock()
         with self.changed:
             self.nodes[node_rank] = host
+            self.node_channels.append((channel, send_lock))
             self.changed.notify_all()
         logger.info("%s joined", where)
         try:
-            if exchange_heartbeats(channel, self.stop) == "stopped":
-                channel.send(NodeShutdown())
+            exchange_heartbeats(channel, self.stop, send_lock)
         except (OSError, TimeoutError) as exc:
             if not self.stop.is_set():
                 self.lost = f"{where} lost: {exc}"
                 logger.error("%s", self.lost)
-        finally:
-            channel.close()
 
     def wait_for_nodes(self, timeout: float) -> None:
         expected = set(range(1, self.parallel.nnodes))
@@ -191,14 +192,23 @@ class ClusterServer:
         return Channel(sock, decode_type), host
 
     def close(self) -> None:
+        """Tell every node the engine is shutting down, then close the cluster port."""
         self.stop.set()
+        for channel, send_lock in self.node_channels:
+            try:
+                with send_lock:
+                    channel.send(NodeShutdown())
+            except OSError:
+                pass
+        for thread in self.node_threads:
+            thread.join(2 * HEARTBEAT_INTERVAL)
+        for channel, _ in self.node_channels:
+            channel.close()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
-        for thread in self.node_threads:
-            thread.join(2 * HEARTBEAT_INTERVAL)
 
 
 _stores: list = []  # torch keeps a C++ handle only: the Python store object must stay alive

@@ -55,22 +55,37 @@ def _free_loopback_port() -> int:
 class MultiprocExecutor(ExecutorBase):
     def __init__(self, config: KernelConfig) -> None:
         self.config = config
-        self.world_size = config.parallel.tensor_parallel_size
+        parallel = config.parallel
+        self.world_size = parallel.world_size
         self.socket_dir = private_socket_dir()
-        init_method = f"tcp://127.0.0.1:{_free_loopback_port()}"  # rendezvous on loopback only
+        self.cluster = None
+        self.hosts: dict[int, str] = {}  # rank -> the remote host running it
+        if parallel.nnodes > 1:  # ranks of other hosts join through the head's authenticated cluster port
+            from builtin_plugins.executors.cluster import CLUSTER_SCHEME, ClusterServer
+
+            self.cluster = ClusterServer(config)
+            init_method = f"{CLUSTER_SCHEME}{parallel.master_addr}:{parallel.master_port}"
+        else:
+            init_method = f"tcp://127.0.0.1:{_free_loopback_port()}"  # rendezvous on loopback only
+        local_ranks = parallel.node_ranks(0)
         self.workers: list[hostproc.HostProcess] = []
         self.channels: list[Channel] = []
         listeners = []
         try:
-            for rank in range(self.world_size):
+            for rank in local_ranks:
                 path = os.path.join(self.socket_dir, f"worker-{rank}.sock")
                 listeners.append(Listener(path))
                 self.workers.append(hostproc.spawn("builtin_plugins.executors.multiproc.worker_main", role=f"worker-{rank}",
                                                    args=(config.for_rank(rank), rank, init_method, path)))
+            if self.cluster is not None:
+                self.cluster.wait_for_nodes(envs.KC_READY_TIMEOUT)
             for worker in self.workers:
                 worker.wait_ready(envs.KC_READY_TIMEOUT)
             for listener in listeners:
                 self.channels.append(listener.accept(Reply, timeout=30))
+            for rank in range(len(local_ranks), self.world_size):
+                channel, self.hosts[rank] = self.cluster.worker_channel(rank, Reply, envs.KC_READY_TIMEOUT)
+                self.channels.append(channel)
         except BaseException:
             self.shutdown()
             raise
@@ -78,6 +93,16 @@ class MultiprocExecutor(ExecutorBase):
             for listener in listeners:
                 listener.close()
         self.vocab_size = self._call_all(Call("vocab_size"))[0]
+
+    @classmethod
+    def run_headless(cls, config: KernelConfig) -> int:
+        """``kc serve --headless``: run this node's workers for the head until it goes away."""
+        from builtin_plugins.executors.headless import run_headless
+
+        return run_headless(config)
+
+    def _name(self, rank: int) -> str:
+        return f"worker-{rank}" + (f" on {self.hosts[rank]}" if rank in self.hosts else "")
 
     @property
     def block_size(self) -> int:
@@ -100,12 +125,11 @@ class MultiprocExecutor(ExecutorBase):
                 reply = channel.recv(timeout=1.0)
                 break
             except TimeoutError:
-                if not self.workers[rank].is_alive():
-                    raise WorkerDiedError(f"worker-{rank} died (exit code {self.workers[rank].process.exitcode})")
+                self.check_health()  # a rank stuck in a collective with a dead peer never replies
             except (ConnectionError, OSError) as exc:
-                raise WorkerDiedError(f"worker-{rank} is gone: {exc}") from exc
+                raise WorkerDiedError(f"{self._name(rank)} is gone: {exc}") from exc
         if reply.error is not None:
-            raise WorkerDiedError(f"worker-{rank} failed: {reply.error}")
+            raise WorkerDiedError(f"{self._name(rank)} failed: {reply.error}")
         return reply.value if reply.output is None else reply.output
 
     def determine_num_blocks(self) -> int:
@@ -127,6 +151,8 @@ class MultiprocExecutor(ExecutorBase):
         for rank, worker in enumerate(self.workers):
             if not worker.is_alive():
                 raise WorkerDiedError(f"worker-{rank} died (exit code {worker.process.exitcode})")
+        if self.cluster is not None and self.cluster.lost:
+            raise WorkerDiedError(self.cluster.lost)
 
     def shutdown(self) -> None:
         for channel in self.channels:
@@ -140,15 +166,41 @@ class MultiprocExecutor(ExecutorBase):
         for channel in self.channels:
             channel.close()
         self.channels, self.workers = [], []
+        if self.cluster is not None:
+            self.cluster.close()
 
 
 def worker_main(config: KernelConfig, rank: int, init_method: str, socket_path: str) -> None:
-    """The target of a ``worker-i`` process (plugins are already loaded by hostproc)."""
+    """The target of a ``worker-i`` process on the head (plugins are already loaded by hostproc)."""
     from kernelcore.executor.uniproc import create_worker
 
+    if init_method.startswith("kc-cluster://"):
+        from builtin_plugins.executors.cluster import join_cluster
+
+        join_cluster(config, rank)
     worker = create_worker(config, rank=rank, distributed_init_method=init_method)
     channel = Channel.connect(socket_path, WorkerRequest)
     hostproc.report_ready({"rank": rank})
+    serve_worker(worker, channel, rank)
+
+
+def remote_worker_main(config: KernelConfig, rank: int) -> None:
+    """The target of a ``worker-i`` process on a headless node: the same worker, driven over the cluster port."""
+    from builtin_plugins.executors.cluster import join_cluster
+    from kernelcore.executor.uniproc import create_worker
+    from kernelcore.hostproc.tcp import connect_authenticated
+
+    join_cluster(config, rank)
+    worker = create_worker(config, rank=rank)
+    p = config.parallel
+    sock = connect_authenticated(p.master_addr, p.master_port, p.cluster_secret,
+                                 {"kind": "worker", "rank": rank, "node_rank": p.node_rank})
+    hostproc.report_ready({"rank": rank})
+    serve_worker(worker, Channel(sock, WorkerRequest), rank)
+
+
+def serve_worker(worker, channel: Channel, rank: int) -> None:
+    """Answer the engine core's calls until it says shutdown (or the channel closes)."""
     while True:
         message = channel.recv()
         try:

@@ -161,9 +161,12 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
         cluster_secret=cluster_secret if nnodes > 1 else None)
     if headless:
-        from kernelcore.entrypoints.headless import run_headless
+        from kernelcore.executor.registry import get_executor_cls
 
-        sys.exit(run_headless(config))
+        executor_cls = get_executor_cls(config)
+        if not hasattr(executor_cls, "run_headless"):
+            raise click.UsageError(f"executor backend {executor_cls.__name__} does not run headless nodes")
+        sys.exit(executor_cls.run_headless(config))
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,

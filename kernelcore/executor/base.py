@@ -15,7 +15,8 @@ class WorkerDiedError(RuntimeError):
 
 
 class ExecutorBase:
-    """The executor interface. ``check_health`` is called while the engine is idle; raise WorkerDiedError there
+    """The executor interface; ``vocab_size`` (an attribute or property) is the model's, once workers are up.
+    ``check_health`` is called while the engine is idle; raise WorkerDiedError there
     (or from any call) when a worker is gone, and the engine is marked dead."""
 
     def __init__(self, config: KernelConfig) -> None:
@@ -24,10 +25,6 @@ class ExecutorBase:
     @property
     def block_size(self) -> int:
         return self.config.cache.block_size
-
-    @property
-    def vocab_size(self) -> int:
-        raise NotImplementedError
 
     def determine_num_blocks(self) -> int:
         raise NotImplementedError
