@@ -77,7 +77,7 @@ def hosts():
 
 def _family(proc) -> list[int]:
     try:
-        return [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        return [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "kc::" in " ".join(p.cmdline())]
     except psutil.NoSuchProcess:
         return []
 
@@ -163,7 +163,8 @@ from kernelcore.engine.sampling_params import SamplingParams
 async def main():
     llm = await AsyncLLM.create(build_config(model=MODEL, kv_cache_memory=1 << 24, ARGS))
     import psutil
-    print(json.dumps({"children": [p.pid for p in psutil.Process().children(recursive=True)]}), flush=True)
+    children = [p.pid for p in psutil.Process().children(recursive=True) if "kc::" in " ".join(p.cmdline())]
+    print(json.dumps({"children": children}), flush=True)
     params, i = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), 0
     try:
         while True:

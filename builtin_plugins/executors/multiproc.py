@@ -129,6 +129,7 @@ class MultiprocExecutor(ExecutorBase):
             except (ConnectionError, OSError) as exc:
                 raise WorkerDiedError(f"{self._name(rank)} is gone: {exc}") from exc
         if reply.error is not None:
+            self.check_health()  # a collective fails on every rank when one peer dies: name the dead one
             raise WorkerDiedError(f"{self._name(rank)} failed: {reply.error}")
         return reply.value if reply.output is None else reply.output
 
@@ -153,6 +154,9 @@ class MultiprocExecutor(ExecutorBase):
                 raise WorkerDiedError(f"worker-{rank} died (exit code {worker.process.exitcode})")
         if self.cluster is not None and self.cluster.lost:
             raise WorkerDiedError(self.cluster.lost)
+        for rank in self.hosts:
+            if self.channels[rank].is_closed():
+                raise WorkerDiedError(f"{self._name(rank)} is gone (its connection closed)")
 
     def shutdown(self) -> None:
         for channel in self.channels:
