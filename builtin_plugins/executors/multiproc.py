@@ -3,13 +3,14 @@
 The engine core sends each call once per worker over a unix socket (msgspec
 frames, no pickle); every rank runs the forward (torch.distributed
 collectives inside the parallel layers) and rank 0 returns the sampled tokens.
+With ``nnodes > 1`` the ranks of other hosts (``kc serve --headless``) get the
+same calls over the head's authenticated cluster port (see ``cluster.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Union
 
 import msgspec
@@ -18,7 +19,7 @@ from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
 from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from kernelcore.executor.base import ExecutorBase, WorkerDiedError
-from kernelcore.hostproc.ipc import Channel, Listener, private_socket_dir
+from kernelcore.hostproc.ipc import Channel, Listener, private_socket_dir, remove_private_dir
 
 logger = logging.getLogger("kernelcore.executor")
 
@@ -46,12 +47,6 @@ class LoraCall(msgspec.Struct, tag="lora"):
 WorkerRequest = Union[Call, Execute, LoraCall]
 
 
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MultiprocExecutor(ExecutorBase):
     def __init__(self, config: KernelConfig) -> None:
         self.config = config
@@ -65,8 +60,8 @@ class MultiprocExecutor(ExecutorBase):
 
             self.cluster = ClusterServer(config)
             init_method = f"{CLUSTER_SCHEME}{parallel.master_addr}:{parallel.master_port}"
-        else:
-            init_method = f"tcp://127.0.0.1:{_free_loopback_port()}"  # rendezvous on loopback only
+        else:  # rendezvous through a file in the private directory: no TCP store listening on any interface
+            init_method = f"file://{os.path.join(self.socket_dir, 'tp-store')}"
         local_ranks = parallel.node_ranks(0)
         self.workers: list[hostproc.HostProcess] = []
         self.channels: list[Channel] = []
@@ -170,6 +165,7 @@ class MultiprocExecutor(ExecutorBase):
         for channel in self.channels:
             channel.close()
         self.channels, self.workers = [], []
+        remove_private_dir(self.socket_dir)
         if self.cluster is not None:
             self.cluster.close()
 
@@ -205,6 +201,8 @@ def remote_worker_main(config: KernelConfig, rank: int) -> None:
 
 def serve_worker(worker, channel: Channel, rank: int) -> None:
     """Answer the engine core's calls until it says shutdown (or the channel closes)."""
+    from kernelcore.distributed import shutdown_distributed
+
     while True:
         message = channel.recv()
         try:
@@ -229,3 +227,4 @@ def serve_worker(worker, channel: Channel, rank: int) -> None:
             logger.exception("worker-%d failed", rank)
             channel.send(Reply(error=f"{type(exc).__name__}: {exc}"))
     channel.close()
+    shutdown_distributed()
