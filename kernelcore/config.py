@@ -33,6 +33,7 @@ class CacheConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # stages of tensor_parallel_size ranks each, layers split across them
     rank: int = 0
     worker_cls: str = "auto"
     num_threads: int | None = None  # torch threads per worker; None = the CPU cores divided among the ranks
@@ -47,7 +48,12 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def driver_rank(self) -> int:
+        """The rank that samples and returns the step's output: the last stage's first."""
+        return (self.pipeline_parallel_size - 1) * self.tensor_parallel_size
 
     @property
     def ranks_per_node(self) -> int:

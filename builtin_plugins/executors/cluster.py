@@ -54,7 +54,8 @@ def fingerprint(config: KernelConfig) -> dict[str, str]:
     p = config.parallel
     return {"model config.json": model_hash.hexdigest()[:16], "architecture": str(config.model.architecture),
             "dtype": config.model.dtype, "max_model_len": str(config.model.max_model_len),
-            "tensor_parallel_size": str(p.tensor_parallel_size), "nnodes": str(p.nnodes),
+            "tensor_parallel_size": str(p.tensor_parallel_size), "pipeline_parallel_size": str(p.pipeline_parallel_size),
+            "nnodes": str(p.nnodes),
             "block_size": str(config.cache.block_size), "enable_lora": str(config.lora.enable_lora),
             "platform": str(config.platform_plugin)}
 

@@ -135,7 +135,7 @@ class MultiprocExecutor(ExecutorBase):
         self._call_all(Call("initialize_cache", num_blocks))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self._call_all(Execute(scheduler_output))[0]
+        return self._call_all(Execute(scheduler_output))[self.config.parallel.driver_rank]
 
     def add_lora(self, lora_id: int, path: str) -> None:
         self._call_all(LoraCall(lora_id, path))
@@ -208,7 +208,7 @@ def serve_worker(worker, channel: Channel, rank: int) -> None:
         try:
             if isinstance(message, Execute):
                 output = worker.execute_model(message.scheduler_output)
-                channel.send(Reply(output=output if rank == 0 else None))
+                channel.send(Reply(output=output))  # None except on the driver rank
             elif isinstance(message, LoraCall):
                 if message.path is None:
                     worker.remove_lora(message.lora_id)

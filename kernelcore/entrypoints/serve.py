@@ -65,6 +65,8 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--port", env="KC_PORT", default=8000, type=int, help="TCP port (0 picks a free one).")
 @_opt("--tensor-parallel-size", "-tp", env="KC_TENSOR_PARALLEL_SIZE", type=int, default=None, show_default=False,
       help="Number of tensor-parallel workers [default: 1].")
+@_opt("--pipeline-parallel-size", "-pp", env="KC_PIPELINE_PARALLEL_SIZE", type=click.IntRange(min=1), default=None,
+      show_default=False, help="Pipeline stages (layers split across them), each of -tp workers [default: 1].")
 @_opt("--distributed-executor-backend", env="KC_DISTRIBUTED_EXECUTOR_BACKEND", default=None, show_default=False,
       help="Executor backend a plugin registered (built-in: uni, mp) [default: uni for one rank, else mp].")
 @_opt("--nnodes", env="KC_NNODES", type=click.IntRange(min=1), default=1, help="Hosts this engine spans.")
@@ -128,7 +130,7 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--shutdown-timeout", env="KC_SHUTDOWN_TIMEOUT", type=float, default=10.0,
       help="Seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them.")
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None,
-              distributed_executor_backend: str | None, nnodes: int, node_rank: int, master_addr: str | None,
+              pipeline_parallel_size: int | None, distributed_executor_backend: str | None, nnodes: int, node_rank: int, master_addr: str | None,
               master_port: int, cluster_secret: str | None, headless: bool, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
               kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
@@ -163,6 +165,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
         max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
+        pipeline_parallel_size=pipeline_parallel_size,
         distributed_executor_backend=distributed_executor_backend, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
         cluster_secret=cluster_secret if nnodes > 1 else None)
