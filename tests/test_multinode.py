@@ -41,14 +41,15 @@ def greedy_script(model_dir: str, args: str) -> str:
     return GREEDY.replace("MODEL", repr(model_dir)).replace("ARGS", args).replace("PROMPTS", repr(PROMPTS))
 
 
-def cluster_args(hosts, node_rank: int, tp: int = 2, nnodes: int = 2) -> str:
-    return (f"tensor_parallel_size={tp}, nnodes={nnodes}, node_rank={node_rank}, master_addr={hosts.addrs[0]!r}, "
-            f"master_port={PORT}, cluster_secret={SECRET!r}")
+def cluster_args(hosts, node_rank: int, tp: int = 2, pp: int = 1, nnodes: int = 2) -> str:
+    return (f"tensor_parallel_size={tp}, pipeline_parallel_size={pp}, nnodes={nnodes}, node_rank={node_rank}, "
+            f"master_addr={hosts.addrs[0]!r}, master_port={PORT}, cluster_secret={SECRET!r}")
 
 
-def headless(hosts, model_dir: str, *extra: str, secret: str = SECRET, tp: int = 2, **env: str):
-    return hosts.kc(1, "serve", model_dir, "-tp", str(tp), "--nnodes", "2", "--node-rank", "1", "--master-addr",
-                    hosts.addrs[0], "--master-port", PORT, "--headless", *extra, KC_CLUSTER_SECRET=secret, **env)
+def headless(hosts, model_dir: str, *extra: str, secret: str = SECRET, tp: int = 2, pp: int = 1, **env: str):
+    return hosts.kc(1, "serve", model_dir, "-tp", str(tp), "-pp", str(pp), "--nnodes", "2", "--node-rank", "1",
+                    "--master-addr", hosts.addrs[0], "--master-port", PORT, "--headless", *extra,
+                    KC_CLUSTER_SECRET=secret, **env)
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +87,16 @@ def _alive(pids) -> list[int]:
     return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize("model", ["llama", "opt"])
-def test_tp2_across_two_hosts_matches_one_process(model, llama_dir, opt_dir, hosts):
+@pytest.mark.parametrize("model,tp,pp", [("llama", 2, 1), ("opt", 2, 1),
+                                         pytest.param("llama", 1, 2, marks=pytest.mark.slow),
+                                         pytest.param("opt", 2, 2, marks=pytest.mark.slow)])
+def test_parallel_across_two_hosts_matches_one_process(model, tp, pp, llama_dir, opt_dir, hosts):
+    """TP=2 (a rank per host), PP=2 (a stage per host), TP=2 x PP=2 (a 2-rank stage per host)."""
     model_dir = llama_dir if model == "llama" else opt_dir
     tokens_1, logprobs_1 = json.loads(run_python(greedy_script(model_dir, "tensor_parallel_size=1"))
                                       .stdout.strip().splitlines()[-1])
-    node = headless(hosts, model_dir)
-    head = hosts.python(0, greedy_script(model_dir, cluster_args(hosts, 0)))
+    node = headless(hosts, model_dir, tp=tp, pp=pp)
+    head = hosts.python(0, greedy_script(model_dir, cluster_args(hosts, 0, tp=tp, pp=pp)))
     hosts.started += [node, head]
     out, err = head.communicate(timeout=600)
     assert head.returncode == 0, err[-4000:]
