@@ -38,6 +38,8 @@ class ParallelConfig:
     worker_cls: str = "auto"
     num_threads: int | None = None  # torch threads per worker; None = the CPU cores divided among the ranks
     distributed_init_method: str | None = None
+    data_parallel_size: int = 1  # engine cores behind one front end, each with its own TP x PP workers
+    data_parallel_rank: int = 0
     distributed_executor_backend: str | None = None  # a registered executor name; None = "uni" or "mp" by size
     # Several hosts (the multiprocess executor): node 0 runs the engine, the others run workers only (headless).
     nnodes: int = 1

@@ -67,6 +67,9 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Number of tensor-parallel workers [default: 1].")
 @_opt("--pipeline-parallel-size", "-pp", env="KC_PIPELINE_PARALLEL_SIZE", type=click.IntRange(min=1), default=None,
       show_default=False, help="Pipeline stages (layers split across them), each of -tp workers [default: 1].")
+@_opt("--data-parallel-size", "-dp", env="KC_DATA_PARALLEL_SIZE", type=click.IntRange(min=1), default=None,
+      show_default=False, help="Engine replicas behind this API (each with its own -tp x -pp workers), requests "
+      "balanced by load with prefix affinity [default: 1].")
 @_opt("--distributed-executor-backend", env="KC_DISTRIBUTED_EXECUTOR_BACKEND", default=None, show_default=False,
       help="Executor backend a plugin registered (built-in: uni, mp) [default: uni for one rank, else mp].")
 @_opt("--nnodes", env="KC_NNODES", type=click.IntRange(min=1), default=1, help="Hosts this engine spans.")
@@ -133,7 +136,7 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--shutdown-timeout", env="KC_SHUTDOWN_TIMEOUT", type=float, default=10.0,
       help="Seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them.")
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None,
-              pipeline_parallel_size: int | None, distributed_executor_backend: str | None, nnodes: int, node_rank: int, master_addr: str | None,
+              pipeline_parallel_size: int | None, data_parallel_size: int | None, distributed_executor_backend: str | None, nnodes: int, node_rank: int, master_addr: str | None,
               master_port: int, cluster_secret: str | None, headless: bool, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
               kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
@@ -160,7 +163,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         raise click.BadParameter(str(exc), param_hint="--chat-template") from None
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         logger.warning("Binding %s without --api-key: anyone who can reach this port can use the model", host)
-    _check_topology(nnodes, node_rank, master_addr, cluster_secret, headless, distributed_executor_backend)
+    _check_topology(nnodes, node_rank, master_addr, cluster_secret, headless, distributed_executor_backend,
+                    data_parallel_size or 1)
     click.echo(f"Building the config for {model or 'the embedded default model'}...", err=True)
     config = build_config(
         model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
@@ -169,7 +173,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
         max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
-        pipeline_parallel_size=pipeline_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
         distributed_executor_backend=distributed_executor_backend, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
         cluster_secret=cluster_secret if nnodes > 1 else None)
@@ -199,7 +203,10 @@ serve_cmd.kc_engine_args = True
 
 
 def _check_topology(nnodes: int, node_rank: int, master_addr: str | None, cluster_secret: str | None,
-                    headless: bool, backend: str | None) -> None:
+                    headless: bool, backend: str | None, data_parallel_size: int) -> None:
+    if data_parallel_size > 1 and nnodes > 1:
+        raise click.BadParameter("data parallelism spans one host for now (each replica may not span --nnodes)",
+                                 param_hint="--data-parallel-size")
     if backend is not None:
         from kernelcore.executor.registry import UnknownExecutorError, build_registry
 
