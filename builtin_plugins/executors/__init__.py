@@ -2,6 +2,7 @@
 
 ``mp``: one spawned ``worker-i`` process per rank, driven over unix sockets on one host; with
 ``--nnodes N`` the other hosts run ``kc serve --headless`` and their workers join over authenticated TCP.
+``ray``: one Ray actor per rank on an existing Ray cluster, placed with a placement group.
 """
 
 from kernelcore import hookimpl
@@ -10,3 +11,4 @@ from kernelcore import hookimpl
 @hookimpl
 def register_executor_backends(registry) -> None:
     registry.register("mp", "builtin_plugins.executors.multiproc:MultiprocExecutor")
+    registry.register("ray", "builtin_plugins.executors.ray_executor:RayExecutor")  # needs kernelcore[ray]

@@ -204,27 +204,33 @@ def serve_worker(worker, channel: Channel, rank: int) -> None:
     from kernelcore.distributed import shutdown_distributed
 
     while True:
-        message = channel.recv()
-        try:
-            if isinstance(message, Execute):
-                output = worker.execute_model(message.scheduler_output)
-                channel.send(Reply(output=output))  # None except on the driver rank
-            elif isinstance(message, LoraCall):
-                if message.path is None:
-                    worker.remove_lora(message.lora_id)
-                else:
-                    worker.add_lora(message.lora_id, message.path)
-                channel.send(Reply())
-            elif message.method == "shutdown":
-                break
-            elif message.method == "initialize_cache":
-                worker.initialize_cache(message.arg)
-                channel.send(Reply())
-            else:
-                channel.send(Reply(value=getattr(worker, message.method)() if message.method != "vocab_size"
-                                   else worker.vocab_size))
-        except Exception as exc:
-            logger.exception("worker-%d failed", rank)
-            channel.send(Reply(error=f"{type(exc).__name__}: {exc}"))
+        reply = handle_call(worker, channel.recv(), rank)
+        if reply is None:
+            break
+        channel.send(reply)
     channel.close()
     shutdown_distributed()
+
+
+def handle_call(worker, message: WorkerRequest, rank: int) -> Reply | None:
+    """Run one call on this rank's worker; None for shutdown. Errors come back in the reply."""
+    try:
+        if isinstance(message, Execute):
+            return Reply(output=worker.execute_model(message.scheduler_output))  # None except on the driver rank
+        if isinstance(message, LoraCall):
+            if message.path is None:
+                worker.remove_lora(message.lora_id)
+            else:
+                worker.add_lora(message.lora_id, message.path)
+            return Reply()
+        if message.method == "shutdown":
+            return None
+        if message.method == "initialize_cache":
+            worker.initialize_cache(message.arg)
+            return Reply()
+        if message.method == "vocab_size":
+            return Reply(value=worker.vocab_size)
+        return Reply(value=getattr(worker, message.method)())
+    except Exception as exc:
+        logger.exception("worker-%d failed", rank)
+        return Reply(error=f"{type(exc).__name__}: {exc}")
