@@ -104,7 +104,8 @@ def make_model(path: str, hidden: int, layers: int) -> str:
     return path
 
 
-def comm_share(tp: int, pp: int, layers: int, step_ms: float, costs: dict[str, float], batch: int, hidden: int) -> float:
+def comm_share(tp: int, pp: int, layers: int, step_ms: float, costs: dict[str, float], batch: int,
+               hidden: int) -> float:
     rows = min(SIZES, key=lambda r: abs(r - batch))
     all_reduce, hand_off = costs[f"all_reduce {rows}x{hidden}"], costs[f"send_recv {rows}x{hidden}"]
     per_stage_layers = layers / pp
@@ -128,7 +129,8 @@ def main() -> None:
         print(f"  {name:<22} {us:9.1f} us")
     with tempfile.TemporaryDirectory(prefix="kc-bench-model-") as tmp:
         model = make_model(tmp, args.hidden, args.layers)
-        print(f"\nLlama hidden {args.hidden}, {args.layers} layers, fp32; {args.batch} sequences x {args.tokens} tokens")
+        print(f"\nLlama hidden {args.hidden}, {args.layers} layers, fp32; "
+              f"{args.batch} sequences x {args.tokens} tokens")
         print(f"  {'TPxPP':<6} {'step ms':>8} {'tokens/s':>9} {'comm share':>11} {'vs 1x1':>7}")
         base = None
         for cfg in args.configs:

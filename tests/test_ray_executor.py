@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -61,7 +60,7 @@ def llama_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_tp2_through_the_ray_executor_equals_tp1(ray_cluster, llama_dir):
-    reference = json.loads(run_python(greedy_script(llama_dir, "tensor_parallel_size=1")).stdout.strip().splitlines()[-1])
+    reference = json.loads(run_python(greedy_script(llama_dir, "tensor_parallel_size=1")).stdout.splitlines()[-1])
     out = run_python(greedy_script(llama_dir, "tensor_parallel_size=2, distributed_executor_backend='ray'"),
                      RAY_ADDRESS=ray_cluster, timeout=600)
     tokens, logprobs = json.loads(out.stdout.strip().splitlines()[-1])

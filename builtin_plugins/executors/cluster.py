@@ -54,7 +54,8 @@ def fingerprint(config: KernelConfig) -> dict[str, str]:
     p = config.parallel
     return {"model config.json": model_hash.hexdigest()[:16], "architecture": str(config.model.architecture),
             "dtype": config.model.dtype, "max_model_len": str(config.model.max_model_len),
-            "tensor_parallel_size": str(p.tensor_parallel_size), "pipeline_parallel_size": str(p.pipeline_parallel_size),
+            "tensor_parallel_size": str(p.tensor_parallel_size),
+            "pipeline_parallel_size": str(p.pipeline_parallel_size),
             "nnodes": str(p.nnodes),
             "block_size": str(config.cache.block_size), "enable_lora": str(config.lora.enable_lora),
             "platform": str(config.platform_plugin)}
@@ -225,7 +226,8 @@ def join_cluster(config: KernelConfig, rank: int) -> None:
 
     p = config.parallel
     sock = connect_authenticated(p.master_addr, p.master_port, p.cluster_secret,
-                                 {"kind": "store", "rank": rank, "node_rank": p.node_rank}, timeout=envs.KC_READY_TIMEOUT)
+                                 {"kind": "store", "rank": rank, "node_rank": p.node_rank},
+                                 timeout=envs.KC_READY_TIMEOUT)
     interface = interface_of(sock.getsockname()[0])  # the one this host reaches the head through
     for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if interface and not os.environ.get(variable):

@@ -70,8 +70,8 @@ class MultiprocExecutor(ExecutorBase):
             for rank in local_ranks:
                 path = os.path.join(self.socket_dir, f"worker-{rank}.sock")
                 listeners.append(Listener(path))
-                self.workers.append(hostproc.spawn("builtin_plugins.executors.multiproc.worker_main", role=f"worker-{rank}",
-                                                   args=(config.for_rank(rank), rank, init_method, path)))
+                self.workers.append(hostproc.spawn("builtin_plugins.executors.multiproc.worker_main",
+                                                   role=f"worker-{rank}", args=(config.for_rank(rank), rank, init_method, path)))
             if self.cluster is not None:
                 self.cluster.wait_for_nodes(envs.KC_READY_TIMEOUT)
             for worker in self.workers:

@@ -66,7 +66,10 @@ class ExecutorRegistry:
 
 
 def build_registry() -> ExecutorRegistry:
-    """The core's ``uni`` plus every general plugin's ``register_executor_backends`` (a failing plugin stops start-up)."""
+    """The core's ``uni`` plus every general plugin's ``register_executor_backends``.
+
+    A plugin whose hook raises stops start-up with an error naming it.
+    """
     from kernelcore import plugins
 
     registry = ExecutorRegistry()
@@ -78,8 +81,9 @@ def build_registry() -> ExecutorRegistry:
         try:
             plugins.call_plugin_hook(impl.plugin_name, "register_executor_backends", registry=registry)
         except Exception as exc:
-            raise plugins.PluginError(f"plugin {impl.plugin_name!r} ({plugins.plugin_dist(impl.plugin_name)}) raised in "
-                                      f"register_executor_backends: {type(exc).__name__}: {exc}") from exc
+            dist = plugins.plugin_dist(impl.plugin_name)
+            raise plugins.PluginError(f"plugin {impl.plugin_name!r} ({dist}) raised in register_executor_backends: "
+                                      f"{type(exc).__name__}: {exc}") from exc
     return registry
 
 
