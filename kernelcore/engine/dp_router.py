@@ -65,11 +65,12 @@ class DPRouter:
         self.prefixes: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self.max_prefixes = max_prefixes
         self.latest = [EngineStats() for _ in range(num_replicas)]
-        registry = next((s.registry for s in stat_loggers or () if hasattr(s, "registry")), None)
-        self.metrics = None if registry is None else self._metrics(registry, model_name)
+        prometheus = next((s for s in stat_loggers or () if hasattr(s, "registry")), None)
+        self.metrics = None if prometheus is None else self._metrics(prometheus.registry, model_name,
+                                                                     getattr(prometheus, "prefix", "kc"))
 
-    def _metrics(self, registry, model_name: str) -> dict[str, Any]:
-        """Per-replica series beside the Prometheus logger's totals (same registry, ``replica`` label)."""
+    def _metrics(self, registry, model_name: str, prefix: str) -> dict[str, Any]:
+        """Per-replica series beside the Prometheus logger's totals (same registry and prefix, ``replica`` label)."""
         import prometheus_client as prom
 
         labels = ["model_name", "replica"]
@@ -77,21 +78,19 @@ class DPRouter:
         def per_replica(metric):
             return [metric.labels(model_name=model_name, replica=str(r)) for r in range(self.num_replicas)]
 
-        routed = prom.Counter("kc:dp_routed_requests", "Requests routed to each data-parallel replica, by why.",
+        def series(kind, name: str, doc: str):
+            return per_replica(kind(f"{prefix}:{name}", doc, labels, registry=registry))
+
+        routed = prom.Counter(f"{prefix}:dp_routed_requests", "Requests routed to each data-parallel replica, by why.",
                               [*labels, "reason"], registry=registry)
         return {
             "routed": {(r, why): routed.labels(model_name=model_name, replica=str(r), reason=why)
                        for r in range(self.num_replicas) for why in ("prefix", "load")},
-            "running": per_replica(prom.Gauge("kc:dp_num_requests_running", "Requests running, per replica.",
-                                              labels, registry=registry)),
-            "waiting": per_replica(prom.Gauge("kc:dp_num_requests_waiting", "Requests waiting, per replica.",
-                                              labels, registry=registry)),
-            "kv": per_replica(prom.Gauge("kc:dp_kv_cache_usage_perc", "KV-cache use (0..1), per replica.",
-                                         labels, registry=registry)),
-            "hits": per_replica(prom.Counter("kc:dp_prefix_cache_hits", "Prompt tokens found in the prefix cache, "
-                                             "per replica.", labels, registry=registry)),
-            "queries": per_replica(prom.Counter("kc:dp_prefix_cache_queries", "Prompt tokens looked up in the "
-                                                "prefix cache, per replica.", labels, registry=registry)),
+            "running": series(prom.Gauge, "dp_num_requests_running", "Requests running, per replica."),
+            "waiting": series(prom.Gauge, "dp_num_requests_waiting", "Requests waiting, per replica."),
+            "kv": series(prom.Gauge, "dp_kv_cache_usage_perc", "KV-cache use (0..1), per replica."),
+            "hits": series(prom.Counter, "dp_prefix_cache_hits", "Prompt tokens found in the cache, per replica."),
+            "queries": series(prom.Counter, "dp_prefix_cache_queries", "Prompt tokens looked up, per replica."),
         }
 
     def record(self, replica: int, stats: EngineStats) -> EngineStats:
