@@ -62,6 +62,10 @@ class Platform:
     def get_device_communicator_cls(self):
         return None
 
+    @hookimpl
+    def get_graph_capture_backend_cls(self, config):
+        return None
+
 
 def resolve_obj_by_qualname(qualname: str) -> Any:
     module_name, _, obj_name = qualname.rpartition(".")

@@ -110,6 +110,8 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--enable-prefix-caching/--no-enable-prefix-caching", env="KC_ENABLE_PREFIX_CACHING", default=None,
       show_default=False, help="Reuse KV blocks of shared prompt prefixes [default: on].")
 @_opt("--seed", env="KC_SEED", type=int, default=None, help="Engine random seed.")
+@_opt("--enforce-eager", env="KC_ENFORCE_EAGER", is_flag=True, default=False,
+      help="Run every step eagerly: capture no decode graphs (CUDA graphs on the CUDA platform).")
 @_opt("--enable-endpoint-plugins", env="KC_ENABLE_ENDPOINT_PLUGINS", is_flag=True, default=False,
       help="Let every installed plugin add HTTP routes (otherwise only plugins named in KC_PLUGINS).")
 @_opt("--enable-lora", env="KC_ENABLE_LORA", is_flag=True, default=False, help="Serve LoRA adapters.")
@@ -152,7 +154,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
               trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
               response_role: str, served_model_name: str | None,
-              api_key: str | None, enable_prefix_caching: bool | None, seed: int | None,
+              api_key: str | None, enable_prefix_caching: bool | None, seed: int | None, enforce_eager: bool,
               enable_endpoint_plugins: bool, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
@@ -186,7 +188,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
-        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
+        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, enforce_eager=enforce_eager or None,
         pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
         distributed_executor_backend=distributed_executor_backend, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
