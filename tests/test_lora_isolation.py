@@ -113,7 +113,7 @@ if __name__ == "__main__":
     shutil.copytree(GOOD, SWAP)  # fixed again: the same adapter id loads and serves
     out["after"] = run([("base-2", 0), ("swapped-again", 1)])
     if TP > 1:
-        from kernelcore.executor.multiproc import WorkerDiedError
+        from kernelcore.executor.base import WorkerDiedError
         os.kill(core.executor.workers[1].process.pid, signal.SIGKILL)
         core.executor.workers[1].process.join(30)
         try:

@@ -11,19 +11,10 @@ from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.engine.scheduler import RequestRejected, Scheduler
 from kernelcore.errors import RequestStateError
+from kernelcore.executor.registry import get_executor_cls
 from kernelcore.metrics.stats import EngineStats
 
 logger = logging.getLogger("kernelcore.engine")
-
-
-def get_executor_cls(config: KernelConfig) -> type:
-    if config.parallel.tensor_parallel_size > 1:
-        from kernelcore.platforms import resolve_obj_by_qualname
-
-        return resolve_obj_by_qualname("kernelcore.executor.multiproc.MultiprocExecutor")
-    from kernelcore.executor.uniproc import UniProcExecutor
-
-    return UniProcExecutor
 
 
 class EngineCore:

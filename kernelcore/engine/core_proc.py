@@ -106,7 +106,7 @@ class EngineCoreLoop:
         return self.core.has_unfinished_requests() or bool(self.core.scheduler.finished_req_ids)
 
     def step(self) -> None:
-        from kernelcore.executor.multiproc import WorkerDiedError
+        from kernelcore.executor.base import WorkerDiedError
 
         running = [r.request_id for r in self.core.scheduler.running]
         try:

@@ -54,7 +54,7 @@ class WorkerBase:
         self.config = config
         self.rank = rank
         self.distributed_init_method = distributed_init_method
-        self.is_driver = rank == 0
+        self.is_driver = rank == config.parallel.driver_rank  # the last pipeline stage samples
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
         self.model_runner = None
