@@ -35,6 +35,7 @@ class EngineCore:
         self.vocab_size = self.executor.vocab_size
         self.scheduler = Scheduler(config, self.num_blocks, self.block_size)
         self.last_stats = EngineStats()
+        self.request_errors: dict[str, str] = {}  # failed after admission, reported by the caller (then cleared)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens)", self.num_blocks, self.block_size,
                     self.num_blocks * self.block_size)
 
@@ -45,6 +46,10 @@ class EngineCore:
             bad = [t for t in ids or () if not 0 <= t < self.vocab_size]
             if bad:
                 raise RequestRejected(f"Token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
+        if params.structured_outputs is not None and self.scheduler.structured is None:
+            from kernelcore.structured_output.manager import StructuredOutputManager
+
+            self.scheduler.structured = StructuredOutputManager(self.config, self.vocab_size)
         self.scheduler.add_request(request)
 
     def add_lora(self, lora_id: int, name: str, path: str) -> None:
@@ -69,13 +74,33 @@ class EngineCore:
         started = time.perf_counter()
         if not self.scheduler.has_unfinished_requests() and not self.scheduler.finished_req_ids:
             return EngineCoreOutputs([], self.get_stats(), time.time())
+        structured = self.scheduler.structured
+        if structured is not None:
+            self._fail_grammar_errors(structured.pop_errors())
         scheduler_output = self.scheduler.schedule()
+        if structured is not None:
+            if not scheduler_output.num_scheduled_tokens and structured.has_pending():
+                structured.wait_for_compilation(timeout=0.1)  # nothing else can run: wait for a grammar
+            requests = self.scheduler.requests
+            sampling = [r for r in scheduler_output.num_scheduled_tokens
+                        if requests[r].num_computed_tokens >= requests[r].num_tokens]
+            scheduler_output.grammar_req_ids, scheduler_output.grammar_bitmask = structured.bitmask(sampling)
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         stats = self.scheduler.make_stats()
         stats.timestamp, stats.step_time = time.time(), time.perf_counter() - started
         self.last_stats = stats
         return EngineCoreOutputs(outputs, stats, stats.timestamp)
+
+    def _fail_grammar_errors(self, errors: dict[str, str]) -> None:
+        if errors:
+            self.scheduler.abort_requests(list(errors))
+            self.request_errors.update(errors)
+
+    def pop_request_errors(self) -> dict[str, str]:
+        """Requests that failed after admission (a grammar that did not compile): id -> message."""
+        errors, self.request_errors = self.request_errors, {}
+        return errors
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -89,6 +89,9 @@ class MPEngineCoreClient:
                 error = RequestRejected if message.is_rejected else RequestError
                 raise error("; ".join(f"{rid}: {msg}" for rid, msg in message.errors.items()))
 
+    def pop_request_errors(self) -> dict[str, str]:
+        return {}  # this client raises them from step()
+
     def shutdown(self) -> None:
         try:
             self.channel.send(ShutdownCore())

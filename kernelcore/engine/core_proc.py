@@ -108,6 +108,9 @@ class EngineCoreLoop:
             self.core.abort_requests(running)
             self.channel.send(CoreRequestErrors({rid: f"{type(exc).__name__}: {exc}" for rid in running}))
             return
+        errors = self.core.pop_request_errors()
+        if errors:
+            self.channel.send(CoreRequestErrors(errors, is_rejected=True))
         if outputs.outputs or outputs.stats is not None:
             self.channel.send(CoreOutputs(outputs))
 

@@ -140,6 +140,9 @@ class LLM:
         try:
             while len(finished) < len(request_ids):
                 engine_outputs = self.engine_core.step()
+                errors = self.engine_core.pop_request_errors()
+                if errors:
+                    raise ValueError("; ".join(errors.values()))
                 outputs, to_abort = self.output_processor.process_outputs(engine_outputs.outputs)
                 if to_abort:
                     self.engine_core.abort_requests(to_abort)

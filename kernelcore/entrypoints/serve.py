@@ -107,6 +107,15 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--max-stop-string-length", env="KC_MAX_STOP_STRING_LENGTH", type=int, default=256,
       help="Longest stop string, in characters.")
 @_opt("--max-prompts", env="KC_MAX_PROMPTS", type=int, default=64, help="Most prompts in one completions request.")
+@_opt("--structured-outputs-backend", env="KC_STRUCTURED_OUTPUTS_BACKEND", default="auto",
+      help="Grammar backend for response_format, structured_outputs, guided_* and forced tool calls: 'auto' "
+           "(the first installed backend that supports the request) or a backend name (see `kc plugins`).")
+@_opt("--enable-auto-tool-choice", env="KC_ENABLE_AUTO_TOOL_CHOICE", is_flag=True, default=False,
+      help='Serve tool_choice "auto": the model writes calls in its own format, --tool-call-parser extracts them.')
+@_opt("--tool-call-parser", env="KC_TOOL_CALL_PARSER", default=None,
+      help="Tool-call format of the model: hermes, llama3_json, mistral, pythonic, or a plugin's parser.")
+@_opt("--reasoning-parser", env="KC_REASONING_PARSER", default=None,
+      help="Reasoning format (deepseek_r1, qwen3, or a plugin's): thinking goes to reasoning_content.")
 @_opt("--shutdown-timeout", env="KC_SHUTDOWN_TIMEOUT", type=float, default=10.0,
       help="Seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them.")
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None, max_model_len: int | None,
@@ -117,8 +126,9 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               enable_endpoint_plugins: bool, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
-              max_stop_strings: int, max_stop_string_length: int, max_prompts: int, shutdown_timeout: float,
-              **platform_options: Any) -> None:
+              max_stop_strings: int, max_stop_string_length: int, max_prompts: int,
+              structured_outputs_backend: str, enable_auto_tool_choice: bool, tool_call_parser: str | None,
+              reasoning_parser: str | None, shutdown_timeout: float, **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
     OpenAI-compatible HTTP API. Platform plugins may add options of their own.
     """
@@ -140,7 +150,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
-        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
+        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, structured_outputs_backend=structured_outputs_backend)
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
@@ -148,7 +158,9 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         max_body_bytes=parse_size(max_request_body_bytes), chat_template=template,
         trust_request_chat_template=trust_request_chat_template, response_role=response_role,
         enable_endpoint_plugins=enable_endpoint_plugins, lora_modules=lora_modules,
-        allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root)
+        allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
+        enable_auto_tool_choice=enable_auto_tool_choice, tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser)
     asyncio.run(run_server(config, options, host, port, shutdown_timeout))
     sys.exit(0)
 

@@ -10,12 +10,14 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 
 from kernelcore.entrypoints.server.app import ServerState, base_request_id, get_state, read_json
+from kernelcore.entrypoints.server.chat_output import prepare_chat_output
 from kernelcore.entrypoints.server.completions import engine_prompt, usage
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.logprobs import chat_logprobs
 from kernelcore.entrypoints.server.protocol import GenerateRequest, parse_chat_request
 from kernelcore.entrypoints.server.streaming import (ChoiceState, EnginePrompt, check_not_aborted, engine_error,
                                                      final_outputs, merged, stream_events)
+from kernelcore.entrypoints.server.tools import template_messages
 
 NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
                "template if the tokenizer does not define one.")
@@ -68,7 +70,7 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], template: str, c
 def chat_prompt_ids(state: ServerState, req: GenerateRequest) -> tuple[str, list[int]]:
     tokenizer = state.engine.tokenizer
     template = resolve_template(state, tokenizer, req.chat.get("chat_template"))
-    text = render_chat(tokenizer, req.messages, template, req.chat)
+    text = render_chat(tokenizer, template_messages(req.messages), template, req.chat)
     return text, tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
 
 
@@ -78,6 +80,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse_chat_request(body, state.options.limits, engine.vocab_size)
     model, lora_id = await state.resolve_model(req.model)
+    new_output = await prepare_chat_output(state, req, body)
     text, token_ids = chat_prompt_ids(state, req)
     prompt = engine_prompt(engine, req, text, token_ids, None)
     prompt.lora_id = lora_id
@@ -88,7 +91,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     header = {"id": response_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     headers = {"X-Request-Id": request.headers.get("X-Request-Id", response_id)}
     if req.stream:
-        return await stream_events(request, headers, _events(engine, req, prompt, role, echo, response_id, header))
+        return await stream_events(request, headers, _events(engine, req, prompt, role, echo, response_id, header,
+                                                             new_output))
     try:
         (output,) = await final_outputs(engine, response_id, [prompt])
     except Exception as exc:
@@ -101,14 +105,17 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         if req.logprobs is not None:
             logprobs = chat_logprobs(engine.tokenizer, choice.token_ids, choice.logprobs or [], req.logprobs,
                                      req.return_tokens_as_token_ids)
-        choices.append({"index": choice.index, "message": {"role": role, "content": echo + choice.text, "tool_calls": []},
-                        "logprobs": logprobs, "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason})
+        message, finish_reason = new_output().message(choice.text, choice.finish_reason)
+        if echo and message["content"] is not None:
+            message["content"] = echo + message["content"]
+        choices.append({"index": choice.index, "message": {"role": role, **message},
+                        "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": choice.stop_reason})
     return web.json_response({**header, "object": "chat.completion", "choices": choices,
                               "usage": usage(len(prompt.token_ids), num_completion_tokens)}, headers=headers)
 
 
 async def _events(engine: Any, req: GenerateRequest, prompt: EnginePrompt, role: str, echo: str, response_id: str,
-                  header: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+                  header: dict[str, Any], new_output: Any) -> AsyncIterator[dict[str, Any]]:
     num_prompt_tokens = len(prompt.token_ids)
     num_completion_tokens: dict[int, int] = {}
 
@@ -120,6 +127,7 @@ async def _events(engine: Any, req: GenerateRequest, prompt: EnginePrompt, role:
         return event
 
     states = [ChoiceState() for _ in range(req.n)]
+    outputs = [new_output() for _ in range(req.n)]
     is_started = False
     async for _, output in merged(engine, response_id, [prompt]):
         if not is_started:  # role chunks once the engine has answered, so engine errors stay plain HTTP errors
@@ -133,17 +141,24 @@ async def _events(engine: Any, req: GenerateRequest, prompt: EnginePrompt, role:
             if state.is_finished:
                 continue
             check_not_aborted(choice)
-            delta, start = state.advance(choice)
+            _, start = state.advance(choice)
+            deltas = outputs[choice.index].deltas(choice.text, state.is_finished)
             token_ids = choice.token_ids[start:]
             num_completion_tokens[choice.index] = len(choice.token_ids)
             logprobs = None
             if req.logprobs is not None and token_ids:
                 logprobs = chat_logprobs(engine.tokenizer, token_ids, (choice.logprobs or [])[start:], req.logprobs,
                                          req.return_tokens_as_token_ids)
+            for delta in deltas[:-1]:
+                yield chunk(choice.index, delta, logprobs)
+                logprobs = None
+            last = deltas[-1] if deltas else {}
             if state.is_finished:
-                yield chunk(choice.index, {"content": delta} if delta else {}, logprobs,
-                            finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
-            elif delta or logprobs is not None:
-                yield chunk(choice.index, {"content": delta} if delta else {}, logprobs)
+                finish_reason = choice.finish_reason
+                if outputs[choice.index].has_calls and finish_reason == "stop":
+                    finish_reason = "tool_calls"
+                yield chunk(choice.index, last, logprobs, finish_reason=finish_reason, stop_reason=choice.stop_reason)
+            elif last or logprobs is not None:
+                yield chunk(choice.index, last, logprobs)
     if req.include_usage:
         yield {**header, "choices": [], "usage": usage(num_prompt_tokens, sum(num_completion_tokens.values()))}
