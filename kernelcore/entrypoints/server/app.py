@@ -174,6 +174,11 @@ def _setup_parsers(state: ServerState) -> None:
 
     options = state.options
     state.grammars = FrontEndGrammars(state.engine)
+    backend = getattr(getattr(state.engine.config, "decoding", None), "structured_outputs_backend", "auto")
+    if backend != "auto":
+        from kernelcore.structured_output.backend import build_registry
+
+        build_registry().factory(backend)  # an unknown name fails at start-up, not on the first request
     if options.enable_auto_tool_choice and not options.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME")
     if options.tool_call_parser:

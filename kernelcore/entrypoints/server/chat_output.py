@@ -130,7 +130,8 @@ async def prepare_chat_output(state: Any, req: Any, body: dict[str, Any]):
                               "constraint (response_format, structured_outputs, guided_*)", "tool_choice")
         req.structured, param = tools.constraint(), "tools"
     if req.structured is not None:
-        if reasoning_parser is not None:
+        if reasoning_parser is not None and reasoning_parser.starts_inside:
+            # The output opens inside the thinking: the constraint applies once it ends.
             req.structured.start_after_token_ids = reasoning_parser.end_token_ids()
         await state.grammars.validate(req.structured, param)
     return lambda: ChoiceOutput(tools, tool_parser, reasoning_parser)
