@@ -217,6 +217,5 @@ def test_bad_requests_are_400(server, client):
     informational = {"user": "u", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
                      "safety_identifier": "s", "prompt_cache_key": "k", "max_tokens": 2}
     assert send(**informational).status_code == 200
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.parse(model="", messages=MESSAGES, response_format=Person, tools=[WEATHER],
-                                      tool_choice="required")
+    _error(send(messages=[{"role": "user", "content": "x"}], tools=[WEATHER], tool_choice="required",
+                guided_json=PERSON_SCHEMA), "tool_choice")

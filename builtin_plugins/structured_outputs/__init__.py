@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from kernelcore.hookspecs import hookimpl
 
 _PARSERS = "builtin_plugins.structured_outputs.tool_parsers"
@@ -11,6 +13,8 @@ _REASONING = "builtin_plugins.structured_outputs.reasoning"
 @hookimpl
 def register_structured_output_backends(registry) -> None:
     registry.register("guidance", "builtin_plugins.structured_outputs.guidance:GuidanceBackend", order=10)
+    if importlib.util.find_spec("xgrammar") is not None:  # the kernelcore[xgrammar] extra
+        registry.register("xgrammar", "builtin_plugins.structured_outputs.xgrammar_backend:XGrammarBackend", order=20)
 
 
 @hookimpl
