@@ -91,3 +91,36 @@ def test_params_validation():
         StructuredOutputsParams()
     assert StructuredOutputsParams(json={"type": "object"}).cache_key == StructuredOutputsParams(
         json='{"type": "object"}').cache_key
+
+
+def test_mixed_with_lora_and_tensor_parallel(tmp_path):
+    """Constrained, unconstrained and LoRA requests in one batch, under TP=2: the mask is built once in the
+    engine core and the unconstrained requests get the tokens they get alone."""
+    from helpers import run_python
+    from lora_helpers import make_peft_adapter
+
+    from kernelcore.models.default_model import ensure_default_model
+
+    adapter = make_peft_adapter(ensure_default_model(), str(tmp_path / "adapter"), "llama", seed=3)
+    proc = run_python(f"""
+        import json
+        from kernelcore.engine.llm import LLM
+        from kernelcore.engine.sampling_params import SamplingParams
+        from kernelcore.lora.serving import LoRARequest
+        if __name__ == "__main__":
+            llm = LLM(max_model_len=256, tensor_parallel_size=2, enable_lora=True, kv_cache_memory=1 << 24)
+            lora = LoRARequest("a", 1, {adapter!r})
+            plain = SamplingParams(temperature=0, max_tokens=10)
+            constrained = SamplingParams(temperature=0, max_tokens=60, structured_outputs={{"json": {SCHEMA!r}}})
+            prompts = ["Hello, my name is", "Once upon a time", "The capital of France"]
+            alone = [llm.generate([p], plain, use_tqdm=False, lora_request=l)[0].outputs[0].text
+                     for p, l in ((prompts[0], None), (prompts[1], lora))]
+            mixed = llm.generate(prompts, [plain, plain, constrained], use_tqdm=False, lora_request=[None, lora, lora])
+            print("RESULT", json.dumps({{"alone": alone, "mixed": [o.outputs[0].text for o in mixed],
+                                        "finish": mixed[2].outputs[0].finish_reason}}))
+            llm.shutdown()
+    """, timeout=600)
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert result["mixed"][:2] == result["alone"]
+    assert result["finish"] == "stop"
+    jsonschema.validate(json.loads(result["mixed"][2]), SCHEMA)

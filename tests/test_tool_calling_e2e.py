@@ -39,8 +39,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
 
 
-def _messages(index: int) -> list[dict]:
-    return [{"role": "user", "content": "go " * (1 + 80 * index)}]  # prompt lengths 80+ tokens apart
+def _messages(repeats: int) -> list[dict]:
+    return [{"role": "user", "content": "go " * repeats}]
 
 
 @pytest.fixture(scope="module")
@@ -56,27 +56,30 @@ def scripted_model(tmp_path_factory):
             os.symlink(os.path.join(source, name), target / name)
     tok = get_tokenizer(source)
     config = json.load(open(os.path.join(source, "config.json")))
-    scripts, windows = {}, []
-    for index, name in enumerate(SCRIPTS):
-        text = tok.apply_chat_template(_messages(index), add_generation_prompt=True, tokenize=False)
-        start = len(tok.encode(text, add_special_tokens=False))
+    scripts, messages, repeats, end = {}, {}, 1, 0
+    for name in SCRIPTS:
+        while True:  # a prompt long enough that this script's positions start after the previous one's
+            text = tok.apply_chat_template(_messages(repeats), add_generation_prompt=True, tokenize=False)
+            start = len(tok.encode(text, add_special_tokens=False))
+            if start - 1 > end:
+                break
+            repeats += 1
         ids = tok.encode(SCRIPTS[name][0], add_special_tokens=False)
         assert tok.decode(ids) == SCRIPTS[name][0]
-        windows.append((start - 1, start + len(ids)))
-        scripts[str(start)] = ids
-    windows.sort()
-    assert all(a[1] < b[0] for a, b in zip(windows, windows[1:])), "script windows overlap"
+        scripts[str(start)], messages[name] = ids, _messages(repeats)
+        end = start + len(ids) + 1  # the EOS after the script
     config.update(architectures=["KcScriptedLlama"], kc_script=scripts)
     json.dump(config, open(target / "config.json", "w"))
-    return str(target)
+    return str(target), messages
 
 
 @pytest.fixture(scope="module", params=sorted(SERVERS))
 def served(request, scripted_model):
     flags, names = SERVERS[request.param]
-    proc, url = start_server(scripted_model, "--max-model-len", "1024", "--enable-auto-tool-choice", *flags,
+    path, messages = scripted_model
+    proc, url = start_server(path, "--max-model-len", "2048", "--enable-auto-tool-choice", *flags,
                              "--shutdown-timeout", "2")
-    yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0), names
+    yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0), names, messages
     stop_server(proc)
 
 
@@ -85,12 +88,11 @@ def _calls(tool_calls) -> list:
 
 
 def test_auto_tool_calls_streamed_and_not(served):
-    client, names = served
+    client, names, messages = served
     for name in names:
         text, calls, content, reasoning = SCRIPTS[name]
-        index = list(SCRIPTS).index(name)
         extra = {"response_format": {"type": "json_object"}} if name == "json_object" else {}
-        kwargs = dict(model="", messages=_messages(index), tools=TOOLS, temperature=0, max_completion_tokens=100,
+        kwargs = dict(model="", messages=messages[name], tools=TOOLS, temperature=0, max_completion_tokens=100,
                       **extra)
         full = client.chat.completions.create(**kwargs).choices[0]
         assert _calls(full.message.tool_calls) == calls, name
@@ -117,7 +119,7 @@ def test_auto_tool_calls_streamed_and_not(served):
 
 
 def test_third_party_backend_through_entry_point(served):
-    client, names = served
+    client, names, _ = served
     if "dummy_xml" not in names:
         pytest.skip("only the server started with the dummy plugin's backend")
     r = client.completions.create(model="", prompt="pick", max_tokens=20, temperature=0,
