@@ -83,12 +83,18 @@ class LoraConfig:
 
 
 @dataclass
+class DecodingConfig:
+    structured_outputs_backend: str = "auto"  # "auto" or a registered grammar-backend name
+
+
+@dataclass
 class KernelConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
     custom_ops: list[str] = field(default_factory=list)  # "all"/"none" + "+name"/"-name"
     device_type: str = "cpu"
     platform_plugin: str | None = None  # entry-point name of the resolved platform

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any
 
-from kernelcore.config import (CacheConfig, KernelConfig, LoraConfig, ModelConfig, ParallelConfig,
+from kernelcore.config import (CacheConfig, DecodingConfig, KernelConfig, LoraConfig, ModelConfig, ParallelConfig,
                                SchedulerConfig, validate_custom_ops)
 
 logger = logging.getLogger("kernelcore.config")
@@ -69,6 +69,7 @@ def build_config(**kwargs: Any) -> KernelConfig:
     parallel = ParallelConfig(**_split(kwargs, ParallelConfig))
     scheduler = SchedulerConfig(**_split(kwargs, SchedulerConfig))
     lora = LoraConfig(**_split(kwargs, LoraConfig))
+    decoding = DecodingConfig(**_split(kwargs, DecodingConfig))
     unknown = [k for k, v in kwargs.items() if v is not None]
     if unknown:
         raise TypeError(f"unknown config arguments: {unknown}")
@@ -89,7 +90,7 @@ def build_config(**kwargs: Any) -> KernelConfig:
     if model.served_model_name is None:
         model.served_model_name = os.path.basename(model.model.rstrip("/")) or model.model
 
-    config = KernelConfig(model=model, cache=cache, parallel=parallel, scheduler=scheduler, lora=lora,
+    config = KernelConfig(model=model, cache=cache, parallel=parallel, scheduler=scheduler, lora=lora, decoding=decoding,
                           custom_ops=custom_ops, device_type=current_platform.device_type, plugin_options=plugin_options,
                           platform_plugin=current_platform.plugin_name)
     pm.hook.apply_config_platform_defaults(config=config)

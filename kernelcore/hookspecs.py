@@ -28,10 +28,13 @@ import pluggy
 if TYPE_CHECKING:
     from kernelcore.attention.selector import AttentionSelector
     from kernelcore.config import KernelConfig
+    from kernelcore.entrypoints.reasoning_parsers import ReasoningParserRegistry
+    from kernelcore.entrypoints.tool_parsers import ToolParserRegistry
     from kernelcore.executor.registry import ExecutorRegistry
     from kernelcore.kernels import KernelTable
     from kernelcore.lora.resolver import LoRAResolverRegistry
     from kernelcore.models.registry import ModelRegistry
+    from kernelcore.structured_output.backend import StructuredOutputBackendRegistry
 
 hookspec = pluggy.HookspecMarker("kernelcore")
 hookimpl = pluggy.HookimplMarker("kernelcore")
@@ -293,4 +296,58 @@ def register_executor_backends(registry: ExecutorRegistry) -> None:
 
     Called in: the engine-core process (or any process that builds an ``EngineCore``), once per engine,
     when its executor is chosen; and the front end of ``kc serve``, to reject an unknown name before start-up.
+    """
+
+
+# -- structured outputs, tool calls, reasoning (general hooks) -----------------------------------------------
+
+
+@hookspec
+def register_structured_output_backends(registry: StructuredOutputBackendRegistry) -> None:
+    """Contribute grammar backends for constrained decoding (JSON Schema, JSON object, regex, choice, grammar).
+
+    Call ``registry.register(name, factory, order=50)``. ``factory(tokenizer, vocab_size)`` (a callable or a
+    ``"module:Class"`` string, imported on first use) returns a
+    :class:`~kernelcore.structured_output.backend.StructuredOutputBackend`. ``--structured-outputs-backend auto``
+    tries backends by ascending ``order`` (ties by name) and moves on when one raises
+    :class:`~kernelcore.structured_output.backend.UnsupportedConstraint`; the built-in plugin
+    ``structured_outputs`` registers ``guidance`` (llguidance, order 10). Registering a name twice raises.
+
+    :param registry: a fresh :class:`~kernelcore.structured_output.backend.StructuredOutputBackendRegistry`.
+
+    Called in: the front-end process (to validate a constraint: a 400 before the engine sees it) and the
+    engine-core process (to compile it and build the per-step token bitmask), once each, on the first
+    constrained request; also by ``kc plugins``.
+    """
+
+
+@hookspec
+def register_tool_parsers(registry: ToolParserRegistry) -> None:
+    """Contribute tool-call parsers: model output text -> content and tool calls (``tool_choice="auto"``).
+
+    Call ``registry.register(name, cls)``; ``cls(tokenizer)`` is a
+    :class:`~kernelcore.entrypoints.tool_parsers.ToolParser` (a ``"module:Class"`` string is imported on first
+    use). ``kc serve --enable-auto-tool-choice --tool-call-parser NAME`` chooses one. The built-in plugin
+    ``structured_outputs`` registers ``hermes``, ``llama3_json``, ``mistral`` and ``pythonic``. Registering a
+    name twice raises.
+
+    :param registry: a fresh :class:`~kernelcore.entrypoints.tool_parsers.ToolParserRegistry`.
+
+    Called in: the front-end process, once, when ``kc serve`` starts (and by ``kc plugins``).
+    """
+
+
+@hookspec
+def register_reasoning_parsers(registry: ReasoningParserRegistry) -> None:
+    """Contribute reasoning parsers: split a reasoning model's thinking from its answer.
+
+    Call ``registry.register(name, cls)``; ``cls(tokenizer)`` is a
+    :class:`~kernelcore.entrypoints.reasoning_parsers.ReasoningParser`. ``kc serve --reasoning-parser NAME``
+    chooses one; the thinking goes to ``message.reasoning_content`` (``delta.reasoning_content`` when
+    streaming). The built-in plugin ``structured_outputs`` registers ``deepseek_r1`` and ``qwen3``.
+    Registering a name twice raises.
+
+    :param registry: a fresh :class:`~kernelcore.entrypoints.reasoning_parsers.ReasoningParserRegistry`.
+
+    Called in: the front-end process, once, when ``kc serve`` starts (and by ``kc plugins``).
     """

@@ -37,6 +37,10 @@ class EngineCore:
             bad = [t for t in ids or () if not 0 <= t < self.vocab_size]
             if bad:
                 raise RequestRejected(f"Token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
+        if params.structured_outputs is not None and self.scheduler.structured is None:
+            from kernelcore.structured_output.manager import StructuredOutputManager
+
+            self.scheduler.structured = StructuredOutputManager(self.config, self.vocab_size)
         self.scheduler.add_request(request)
 
     def add_lora(self, lora_id: int, name: str, path: str) -> None:
@@ -64,9 +68,22 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Schedule, run one forward pass, sample, and return the new tokens of every scheduled request."""
         started = time.perf_counter()
+        structured = self.scheduler.structured
+        if structured is not None:  # grammars that did not compile: those requests fail alone
+            for request_id, error in structured.pop_errors().items():
+                self.scheduler.abort_requests([request_id])
+                self.scheduler.failed[request_id] = error
         if not self.scheduler.has_unfinished_requests() and not self.scheduler.finished_req_ids:
-            return EngineCoreOutputs([], self.get_stats(), time.time())
+            errors, self.scheduler.failed = self.scheduler.failed, {}
+            return EngineCoreOutputs([], self.get_stats(), time.time(), errors)
         scheduler_output = self.scheduler.schedule()
+        if structured is not None:
+            if not scheduler_output.num_scheduled_tokens and structured.has_pending():
+                structured.wait_for_compilation(timeout=0.1)  # nothing else can run: wait for a grammar
+            requests = self.scheduler.requests
+            sampling = [r for r in scheduler_output.num_scheduled_tokens
+                        if requests[r].num_computed_tokens >= requests[r].num_tokens]
+            scheduler_output.grammar_req_ids, scheduler_output.grammar_bitmask = structured.bitmask(sampling)
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         errors, self.scheduler.failed = self.scheduler.failed, {}

@@ -142,7 +142,7 @@ class LLM:
         try:
             while len(finished) < len(request_ids):
                 engine_outputs = self.engine_core.step()
-                if engine_outputs.errors:  # failed alone (e.g. its adapter): as the multiprocess client does
+                if engine_outputs.errors:  # failed alone (its adapter, its grammar): as the multiprocess client does
                     raise RequestRejected("; ".join(f"{rid}: {msg}" for rid, msg in engine_outputs.errors.items()))
                 outputs, to_abort = self.output_processor.process_outputs(engine_outputs.outputs)
                 if to_abort:

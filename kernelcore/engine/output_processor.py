@@ -44,6 +44,7 @@ class ParentState:
         self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
         self.num_cached_tokens = 0
         self.arrival_time = time.time()
+        self.eos_token_id: int | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -65,6 +66,7 @@ class OutputProcessor:
         if request_id in self.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         parent = ParentState(request_id, prompt, prompt_token_ids, params)
+        parent.eos_token_id = eos_token_id
         core_requests = []
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{index}_{request_id}"
@@ -116,8 +118,12 @@ class OutputProcessor:
                                                 for lp in [d[tl.token_ids[0]]])
             child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
             if child.detokenizer is not None:
-                # The core finishes with "stop" only on EOS or a stop id, whose text is dropped.
-                stop_str = child.detokenizer.update(out.new_token_ids, out.finish_reason == "stop")
+                # EOS and stop ids end with "stop" and their text is dropped; so does a completed grammar,
+                # whose last token is text.
+                last = out.new_token_ids[-1] if out.new_token_ids else None
+                is_stop_token = out.finish_reason == "stop" and (
+                    isinstance(out.stop_reason, int) or last == parent.eos_token_id)
+                stop_str = child.detokenizer.update(out.new_token_ids, is_stop_token)
                 if stop_str is not None:
                     if child.finish_reason is None:
                         to_abort.append(child.request_id)

@@ -36,6 +36,8 @@ class SchedulerOutput(msgspec.Struct):
     num_scheduled_tokens: dict[str, int]  # in batch order
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]  # finished or aborted since the last step: workers drop their state
+    grammar_req_ids: list[str] = []  # sampling requests under a grammar constraint, in bitmask row order
+    grammar_bitmask: bytes = b""  # int32 [len(grammar_req_ids), ceil(vocab / 32)]; bit set = token allowed
 
 
 # -- worker (rank 0) -> engine core ----------------------------------------------------------------------------

@@ -30,6 +30,8 @@ class SamplingMetadata:
     has_min_tokens: bool = False
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, token ids, biases)
     disallowed_mask: torch.Tensor | None = None  # [B, V] True where allowed_token_ids forbids the token
+    grammar_rows: torch.Tensor | None = None  # rows under a grammar constraint (set per step)
+    grammar_bitmask: torch.Tensor | None = None  # [len(grammar_rows), ceil(V / 32)] int32, bit set = allowed
 
     @property
     def has_penalties(self) -> bool:
@@ -145,6 +147,8 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        if md.grammar_bitmask is not None:  # before everything, logprobs included
+            logits = apply_bitmask_rows(logits, md.grammar_rows, md.grammar_bitmask)
         raw_logits = logits
         logits = logits.float()
         if md.has_penalties:
@@ -175,6 +179,17 @@ class Sampler:
             output.logprob_token_ids, output.logprobs, output.ranks = compute_logprobs(
                 raw_logits, sampled, md.max_num_logprobs)
         return output
+
+
+def apply_bitmask_rows(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Logits with every token a row's bitmask forbids set to -inf (out of place; other rows untouched)."""
+    vocab_size = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).to(torch.bool).flatten(1)[:, :vocab_size]
+    if allowed.shape[1] < vocab_size:  # a backend vocabulary shorter than the logits: the rest is forbidden
+        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]), value=False)
+    masked = logits[rows].masked_fill(~allowed, float("-inf"))
+    return logits.index_put((rows,), masked)
 
 
 def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_logprobs: int):

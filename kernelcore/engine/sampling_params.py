@@ -6,6 +6,8 @@ import math
 
 import msgspec
 
+from kernelcore.structured_output.params import StructuredOutputsParams
+
 MAX_SEED = 2**63 - 1
 
 
@@ -31,12 +33,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     output_kind: str = "cumulative"  # "cumulative" | "delta" | "final_only"
+    structured_outputs: StructuredOutputsParams | None = None  # constrained decoding (JSON schema, regex, ...)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s] or None
         self.stop_token_ids = list(self.stop_token_ids or []) or None
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.top_k == 0:
             self.top_k = -1
         self.verify()

@@ -32,6 +32,7 @@ class Scheduler:
         self.failed: dict[str, str] = {}  # failed alone since the engine last collected them: id -> message
         self.num_preemptions_total = 0
         self._step_stats = EngineStats()
+        self.structured = None  # the StructuredOutputManager, once a constrained request arrived
 
     # -- requests in and out -------------------------------------------------------------------------------
 
@@ -62,6 +63,8 @@ class Scheduler:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.check_request(req)
         request = Request(req, self.max_model_len)
+        if self.structured is not None:
+            self.structured.add_request(request)  # compiles on a thread; the request waits for it
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -79,6 +82,8 @@ class Scheduler:
         request.status = status
         self.kv.free(request)
         del self.requests[request.request_id]
+        if self.structured is not None:
+            self.structured.remove(request.request_id)
         if request.num_sent_tokens:
             self.finished_req_ids.append(request.request_id)
 
@@ -142,6 +147,9 @@ class Scheduler:
                 continue
             if self._is_sibling_prefilling(request):
                 break
+            if self.structured is not None and not self.structured.is_ready(request):
+                skipped.append(self.waiting.popleft())  # its grammar is compiling: later requests may go first
+                continue
             computed_blocks, num_hit = self.kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit, budget)
             if not self.kv.allocate_slots(request, num_new, computed_blocks):
@@ -206,7 +214,8 @@ class Scheduler:
                 continue
             request.all_token_ids.append(token_id)
             stats.num_generation_tokens += 1
-            status = self._check_stop(request, token_id)
+            is_grammar_done = self.structured is not None and self.structured.accept_token(request, token_id)
+            status = self._check_stop(request, token_id, is_grammar_done)
             logprobs = runner_output.logprobs.get(request_id)
             output = EngineCoreOutput(request_id, [token_id], new_logprobs=[logprobs] if logprobs else None,
                                       new_prompt_logprobs=prompt_logprobs,
@@ -228,7 +237,7 @@ class Scheduler:
             reason = f"LoRA adapter {name!r} cannot be used: {runner_output.failed_loras[request.lora_id]}"
         return reason
 
-    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
+    def _check_stop(self, request: Request, token_id: int, is_grammar_done: bool = False) -> RequestStatus | None:
         params = request.sampling_params
         if request.num_output_tokens >= params.min_tokens:
             if token_id == request.eos_token_id and not params.ignore_eos:
@@ -236,6 +245,8 @@ class Scheduler:
             if token_id in request.stop_token_ids:
                 request.stop_reason = token_id
                 return RequestStatus.FINISHED_STOPPED
+        if is_grammar_done:  # the grammar allows nothing but end-of-sequence now
+            return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None

@@ -34,6 +34,18 @@ def collect() -> dict[str, Any]:
         report["errors"].append(str(exc))
     report["plugins"] = [dataclasses.asdict(r) for r in plugins.records()]
     report["models"] = model_registry.owners()
+    report["structured_output_backends"], report["tool_parsers"], report["reasoning_parsers"] = {}, [], []
+    if report["platform"] is not None and not report["errors"]:
+        from kernelcore.entrypoints.reasoning_parsers import reasoning_parser_registry
+        from kernelcore.entrypoints.tool_parsers import tool_parser_registry
+        from kernelcore.structured_output.backend import build_registry
+
+        try:
+            report["structured_output_backends"] = build_registry().owners()
+            report["tool_parsers"] = tool_parser_registry().names()
+            report["reasoning_parsers"] = reasoning_parser_registry().names()
+        except Exception as exc:
+            report["errors"].append(f"parsers and grammar backends: {exc}")
     return report
 
 
@@ -71,6 +83,13 @@ def plugins_cmd(ctx: click.Context, as_json: bool) -> None:
         click.echo("[models]")
         for arch, owner in report["models"].items():
             click.echo(f"  {arch:<32} plugin {owner}")
+    if report["structured_output_backends"]:
+        click.echo("[structured-output backends] (auto tries them in this order)")
+        for name, owner in report["structured_output_backends"].items():
+            click.echo(f"  {name:<32} plugin {owner}")
+    if report["tool_parsers"] or report["reasoning_parsers"]:
+        click.echo(f"[tool-call parsers] {', '.join(report['tool_parsers'])}")
+        click.echo(f"[reasoning parsers] {', '.join(report['reasoning_parsers'])}")
     for error in report["errors"]:
         click.echo(f"error: {error}", err=True)
 

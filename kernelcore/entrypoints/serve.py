@@ -132,6 +132,15 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--max-stop-string-length", env="KC_MAX_STOP_STRING_LENGTH", type=int, default=256,
       help="Longest stop string, in characters.")
 @_opt("--max-prompts", env="KC_MAX_PROMPTS", type=int, default=64, help="Most prompts in one completions request.")
+@_opt("--structured-outputs-backend", env="KC_STRUCTURED_OUTPUTS_BACKEND", default="auto",
+      help="Grammar backend for response_format, structured_outputs, guided_* and forced tool calls: 'auto' "
+           "(the first installed backend that supports the request) or a backend name (see `kc plugins`).")
+@_opt("--enable-auto-tool-choice", env="KC_ENABLE_AUTO_TOOL_CHOICE", is_flag=True, default=False,
+      help='Serve tool_choice "auto": the model writes calls in its own format, --tool-call-parser extracts them.')
+@_opt("--tool-call-parser", env="KC_TOOL_CALL_PARSER", default=None,
+      help="Tool-call format of the model: hermes, llama3_json, mistral, pythonic, or a plugin's parser.")
+@_opt("--reasoning-parser", env="KC_REASONING_PARSER", default=None,
+      help="Reasoning format (deepseek_r1, qwen3, or a plugin's): thinking goes to reasoning_content.")
 @_opt("--request-read-timeout", env="KC_REQUEST_READ_TIMEOUT", type=float, default=30.0,
       help="Seconds a client may take to send a request's headers (then the connection is closed), and its body "
            "(then 408); also how long an idle keep-alive connection stays open.")
@@ -159,8 +168,9 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, request_read_timeout: float,
-              shutdown_timeout: float, default_max_tokens: int | None, metrics_prefix: str, web_console: bool,
-              **platform_options: Any) -> None:
+              structured_outputs_backend: str, enable_auto_tool_choice: bool, tool_call_parser: str | None,
+              reasoning_parser: str | None, shutdown_timeout: float, default_max_tokens: int | None,
+              metrics_prefix: str, web_console: bool, **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
     OpenAI-compatible HTTP API. Platform plugins may add options of their own.
     """
@@ -192,7 +202,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
         distributed_executor_backend=distributed_executor_backend, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
-        cluster_secret=cluster_secret if nnodes > 1 else None)
+        cluster_secret=cluster_secret if nnodes > 1 else None, structured_outputs_backend=structured_outputs_backend)
     if headless:
         from kernelcore.executor.registry import get_executor_cls
 
@@ -210,6 +220,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         allow_special_tokens_in_content=allow_special_tokens_in_content, response_role=response_role,
         enable_endpoint_plugins=enable_endpoint_plugins, lora_modules=lora_modules,
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
+        enable_auto_tool_choice=enable_auto_tool_choice, tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
         read_timeout=request_read_timeout, default_max_tokens=default_max_tokens, metrics_prefix=metrics_prefix,
         web_console=web_console)
     from kernelcore.lora.adapter import LoRAAdapterError

@@ -60,6 +60,7 @@ class WorkerBase:
         self.model_runner = None
         self._metadata_key = None
         self._metadata = None
+        self._grammar = None  # (rows, bitmask) of this step's constrained rows
 
     def init_device(self) -> None:
         torch.manual_seed(self.config.model.seed)
@@ -151,6 +152,12 @@ class WorkerBase:
         for state, row, start, end in prompt_lp:
             output.prompt_logprobs[state.req_id] = self._prompt_logprobs(state, logits[row:row + end - start], start, end)
         if sample_states:
+            self._grammar = None
+            if so.grammar_req_ids:
+                row_of = {s.req_id: row for row, s in enumerate(sample_states)}
+                bitmask = torch.frombuffer(bytearray(so.grammar_bitmask), dtype=torch.int32)
+                self._grammar = (torch.tensor([row_of[r] for r in so.grammar_req_ids]),
+                                 bitmask.view(len(so.grammar_req_ids), -1))
             self._sample(logits[sample_rows] if num_rows != len(sample_rows) else logits, sample_states, output)
         return output
 
@@ -168,6 +175,7 @@ class WorkerBase:
             self._metadata_key = key
             self._metadata = build_metadata([s.params for s in states], [s.generator for s in states], self.vocab_size)
         md = self._metadata
+        md.grammar_rows, md.grammar_bitmask = self._grammar or (None, None)
         if md.has_min_tokens:
             md.min_tokens_masks = [(row, s.min_tokens_ids) for row, s in enumerate(states)
                                    if s.min_tokens_ids and len(s.token_ids) - s.num_prompt_tokens < s.params.min_tokens]

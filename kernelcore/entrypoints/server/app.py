@@ -36,6 +36,9 @@ class ServerOptions:
     lora_modules: dict[str, str] = field(default_factory=dict)  # --lora-modules name=path (needs enable_lora)
     allow_runtime_lora_updating: bool = False  # load/unload endpoints and resolver lookups
     lora_root: str | None = None  # where runtime lora_path may point (--lora-root, else KC_LORA_RESOLVER_DIR)
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" parses calls with tool_call_parser
+    tool_call_parser: str | None = None  # a registered tool-call parser name
+    reasoning_parser: str | None = None  # a registered reasoning parser name
     default_max_tokens: int | None = None  # --default-max-tokens: for requests without max_tokens
     metrics_prefix: str = "kc"
     web_console: bool = True  # the page at / and its /console/api/* endpoints
@@ -50,6 +53,9 @@ class ServerState:
     num_in_flight: int = 0
     is_shutting_down: bool = False
     in_flight_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    grammars: Any = None  # FrontEndGrammars: validates output constraints before the engine sees them
+    tool_parser_cls: Any = None
+    reasoning_parser_cls: Any = None
 
     @property
     def model_name(self) -> str:
@@ -186,6 +192,26 @@ async def register_endpoint_plugins(app: web.Application, engine: Any, enabled: 
     return registered
 
 
+def _setup_parsers(state: ServerState) -> None:
+    from kernelcore.entrypoints.reasoning_parsers import reasoning_parser_registry
+    from kernelcore.entrypoints.server.structured import FrontEndGrammars
+    from kernelcore.entrypoints.tool_parsers import tool_parser_registry
+
+    options = state.options
+    state.grammars = FrontEndGrammars(state.engine)
+    backend = getattr(getattr(state.engine.config, "decoding", None), "structured_outputs_backend", "auto")
+    if backend != "auto":
+        from kernelcore.structured_output.backend import build_registry
+
+        build_registry().factory(backend)  # an unknown name fails at start-up, not on the first request
+    if options.enable_auto_tool_choice and not options.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    if options.tool_call_parser:
+        state.tool_parser_cls = tool_parser_registry().get(options.tool_call_parser)
+    if options.reasoning_parser:
+        state.reasoning_parser_cls = reasoning_parser_registry().get(options.reasoning_parser)
+
+
 async def create_app(engine: Any, options: ServerOptions, stat_logger: Any = None) -> web.Application:
     from kernelcore.entrypoints.server import chat, completions, models, tokenize
 
@@ -193,6 +219,7 @@ async def create_app(engine: Any, options: ServerOptions, stat_logger: Any = Non
         options.served_model_names = [engine.config.model.served_model_name]
     app = web.Application(middlewares=[error_middleware, guard_middleware], client_max_size=options.max_body_bytes)
     app[STATE] = state = ServerState(engine=engine, options=options, stat_logger=stat_logger)
+    _setup_parsers(state)
     if getattr(getattr(engine.config, "lora", None), "enable_lora", False):
         from kernelcore.entrypoints.server import lora
 

@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 
 from kernelcore.entrypoints.server.app import ServerState, base_request_id, get_state, read_json
+from kernelcore.entrypoints.server.chat_output import prepare_chat_output
 from kernelcore.entrypoints.server.completions import engine_prompt, usage
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.logprobs import chat_logprobs
@@ -17,6 +18,7 @@ from kernelcore.entrypoints.server.preprocess import check_text_fits, encode_cha
 from kernelcore.entrypoints.server.protocol import GenerateRequest, parse_chat_request
 from kernelcore.entrypoints.server.streaming import (ChoiceState, EnginePrompt, check_not_aborted, engine_error,
                                                      final_outputs, merged, stream_events)
+from kernelcore.entrypoints.server.tools import template_messages
 
 NO_TEMPLATE = ("This model's tokenizer has no chat template, so /v1/chat/completions cannot format messages. "
                "Restart the server with --chat-template FILE (or an inline Jinja template), or use /v1/completions "
@@ -70,7 +72,8 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], template: str, c
 def chat_prompt_ids(state: ServerState, req: GenerateRequest) -> tuple[str, list[int]]:
     tokenizer = state.engine.tokenizer
     template = resolve_template(state, tokenizer, req.chat.get("chat_template"))
-    return encode_chat(tokenizer, req.messages, lambda messages: render_chat(tokenizer, messages, template, req.chat),
+    return encode_chat(tokenizer, template_messages(req.messages),
+                       lambda messages: render_chat(tokenizer, messages, template, req.chat),
                        req.add_special_tokens, state.options.allow_special_tokens_in_content)
 
 
@@ -82,6 +85,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     model, lora_id = await state.resolve_model(req.model)
     if engine.tokenizer is None:
         raise bad_request("This model has no tokenizer: chat needs one (send token ids to /v1/completions)")
+    new_output = await prepare_chat_output(state, req, body)
     num_chars = sum(len(m["content"]) for m in req.messages if isinstance(m.get("content"), str))
     check_text_fits(engine.tokenizer, num_chars, engine.max_model_len)
     text, token_ids = await run_preprocess(num_chars, chat_prompt_ids, state, req)
@@ -94,7 +98,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     header = {"id": response_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     headers = {"X-Request-Id": request.headers.get("X-Request-Id", response_id)}
     if req.stream:
-        return await stream_events(request, headers, _events(engine, req, prompt, role, echo, response_id, header))
+        return await stream_events(request, headers, _events(engine, req, prompt, role, echo, response_id, header,
+                                                             new_output))
     try:
         (output,) = await final_outputs(engine, response_id, [prompt])
     except Exception as exc:
@@ -107,14 +112,17 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         if req.logprobs is not None:
             logprobs = chat_logprobs(engine.tokenizer, choice.token_ids, choice.logprobs or [], req.logprobs,
                                      req.return_tokens_as_token_ids)
-        choices.append({"index": choice.index, "message": {"role": role, "content": echo + choice.text, "tool_calls": []},
-                        "logprobs": logprobs, "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason})
+        message, finish_reason = new_output().message(choice.text, choice.finish_reason)
+        if echo and message["content"] is not None:
+            message["content"] = echo + message["content"]
+        choices.append({"index": choice.index, "message": {"role": role, **message},
+                        "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": choice.stop_reason})
     return web.json_response({**header, "object": "chat.completion", "choices": choices,
                               "usage": usage(len(prompt.token_ids), num_completion_tokens)}, headers=headers)
 
 
 async def _events(engine: Any, req: GenerateRequest, prompt: EnginePrompt, role: str, echo: str, response_id: str,
-                  header: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+                  header: dict[str, Any], new_output: Any) -> AsyncIterator[dict[str, Any]]:
     num_prompt_tokens = len(prompt.token_ids)
     num_completion_tokens: dict[int, int] = {}
 
@@ -126,6 +134,7 @@ async def _events(engine: Any, req: GenerateRequest, prompt: EnginePrompt, role:
         return event
 
     states = [ChoiceState() for _ in range(req.n)]
+    outputs = [new_output() for _ in range(req.n)]
     is_started = False
     async for _, output in merged(engine, response_id, [prompt]):
         if not is_started:  # role chunks once the engine has answered, so engine errors stay plain HTTP errors
@@ -139,17 +148,24 @@ async def _events(engine: Any, req: GenerateRequest, prompt: EnginePrompt, role:
             if state.is_finished:
                 continue
             check_not_aborted(choice)
-            delta, start = state.advance(choice)
+            _, start = state.advance(choice)
+            deltas = outputs[choice.index].deltas(choice.text, state.is_finished)
             token_ids = choice.token_ids[start:]
             num_completion_tokens[choice.index] = len(choice.token_ids)
             logprobs = None
             if req.logprobs is not None and token_ids:
                 logprobs = chat_logprobs(engine.tokenizer, token_ids, (choice.logprobs or [])[start:], req.logprobs,
                                          req.return_tokens_as_token_ids)
+            for delta in deltas[:-1]:
+                yield chunk(choice.index, delta, logprobs)
+                logprobs = None
+            last = deltas[-1] if deltas else {}
             if state.is_finished:
-                yield chunk(choice.index, {"content": delta} if delta else {}, logprobs,
-                            finish_reason=choice.finish_reason, stop_reason=choice.stop_reason)
-            elif delta or logprobs is not None:
-                yield chunk(choice.index, {"content": delta} if delta else {}, logprobs)
+                finish_reason = choice.finish_reason
+                if outputs[choice.index].has_calls and finish_reason == "stop":
+                    finish_reason = "tool_calls"
+                yield chunk(choice.index, last, logprobs, finish_reason=finish_reason, stop_reason=choice.stop_reason)
+            elif last or logprobs is not None:
+                yield chunk(choice.index, last, logprobs)
     if req.include_usage:
         yield {**header, "choices": [], "usage": usage(num_prompt_tokens, sum(num_completion_tokens.values()))}

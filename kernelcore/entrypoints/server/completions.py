@@ -52,6 +52,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse_completion_request(body, state.options.limits, engine.vocab_size)
     model, lora_id = await state.resolve_model(req.model)
+    if req.structured is not None:
+        await state.grammars.validate(req.structured, "structured_outputs")
     default_max_tokens = state.options.default_max_tokens or DEFAULT_MAX_TOKENS
     prompts = []
     for prompt in req.prompts:

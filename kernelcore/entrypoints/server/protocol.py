@@ -9,6 +9,9 @@ from typing import Any
 
 from kernelcore.engine.sampling_params import MAX_SEED, SamplingParams
 from kernelcore.entrypoints.server.errors import APIError, bad_request
+from kernelcore.entrypoints.server.tools import parse_tools
+from kernelcore.entrypoints.server.structured import (INFORMATIONAL_FIELDS, STRUCTURED_FIELDS, check_refused_fields,
+                                                      parse_constraint)
 
 logger = logging.getLogger("kernelcore.server")
 
@@ -35,7 +38,7 @@ SAMPLING_FIELDS = {  # name -> kind
 COMMON_FIELDS = {
     "model", "stream", "stream_options", "n", "stop", "stop_token_ids", "max_tokens", "echo", "logit_bias", "user",
     "allowed_token_ids", "truncate_prompt_tokens", "return_tokens_as_token_ids", "add_special_tokens", "logprobs",
-    "prompt_logprobs", *SAMPLING_FIELDS,
+    "prompt_logprobs", *SAMPLING_FIELDS, *STRUCTURED_FIELDS, *INFORMATIONAL_FIELDS,
 }
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "suffix", "best_of"}
 CHAT_FIELDS = COMMON_FIELDS | {
@@ -66,6 +69,8 @@ class GenerateRequest:
     prompts: list[str | list[int]] = field(default_factory=list)  # completions
     messages: list[dict[str, Any]] = field(default_factory=list)  # chat
     chat: dict[str, Any] = field(default_factory=dict)  # chat template options
+    structured: Any = None  # StructuredOutputsParams: the output constraint, if any
+    tools: Any = None  # ToolRequest (chat): the tools and how the model may call them
 
     @property
     def n(self) -> int:
@@ -140,6 +145,7 @@ def _parse_common(body: Any, limits: Limits, vocab_size: int, is_chat: bool) -> 
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
     _warn_unknown(body, CHAT_FIELDS if is_chat else COMPLETION_FIELDS)
+    check_refused_fields(body)
     model = _get(body, "model", "str") or None
     stream = _get(body, "stream", "bool", False)
     stream_options = body.get("stream_options")
@@ -205,6 +211,7 @@ def _parse_common(body: Any, limits: Limits, vocab_size: int, is_chat: bool) -> 
         raise bad_request("truncate_prompt_tokens must be at least 1", "truncate_prompt_tokens")
     request.prompt_logprobs = _get(body, "prompt_logprobs", "int")
     _check_logprobs(request.prompt_logprobs, limits, "prompt", "prompt_logprobs")
+    request.structured = parse_constraint(body)
     return request
 
 
@@ -294,6 +301,7 @@ def parse_chat_request(body: Any, limits: Limits, vocab_size: int) -> GenerateRe
     tools = _get(body, "tools", "list")
     _check_tools(tools)
     _check_tool_choice(body.get("tool_choice"), tools)
+    request.tools = parse_tools(body)
     request.chat = {
         "add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
         "chat_template": _get(body, "chat_template", "str"), "chat_template_kwargs": _get(body, "chat_template_kwargs", "dict", {}),
@@ -375,6 +383,8 @@ def make_sampling_params(request: GenerateRequest, num_input_tokens: int, max_mo
     room = max_model_len - num_input_tokens
     max_tokens = min(requested if requested is not None else (default_max_tokens or room), room)
     kwargs = dict(request.params, max_tokens=max(max_tokens, 1), logprobs=request.logprobs)
+    if request.structured is not None:
+        kwargs["structured_outputs"] = request.structured
     if request.prompt_logprobs is not None:
         kwargs["prompt_logprobs"] = request.prompt_logprobs
     elif request.echo and request.logprobs is not None and not request.is_chat:

@@ -1,0 +1,57 @@
+"""The xgrammar backend (``pip install 'kernelcore[xgrammar]'``): JSON Schema, JSON object, regex, choice, EBNF."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
+from kernelcore.structured_output.params import StructuredOutputsParams
+
+
+class XGrammarMatcher(GrammarMatcher):
+    __slots__ = ("matcher",)
+
+    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+        self.matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.matcher.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+
+class XGrammarBackend(StructuredOutputBackend):
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.compiler = xgr.GrammarCompiler(info)
+
+    def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        kind = params.kind
+        try:
+            if kind == "json":
+                return self.compiler.compile_json_schema(params.json, any_whitespace=False)
+            if kind == "json_object":
+                return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if kind == "regex":
+                return self.compiler.compile_regex(params.regex)
+            if kind == "choice":
+                return self.compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in params.choice))
+            return self.compiler.compile_grammar(params.grammar)  # EBNF (GBNF)
+        except RuntimeError as exc:
+            raise ValueError(f"the {kind} constraint does not compile: {exc}") from None
+
+    def matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled))
