@@ -141,6 +141,12 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
         max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
+    from kernelcore.engine.tokenizer import TokenizerError, try_get_tokenizer
+
+    try:  # before any engine process starts: a checkpoint whose tokenizer cannot load is not served
+        try_get_tokenizer(config.model.tokenizer or config.model.model)
+    except TokenizerError as exc:
+        raise click.ClickException(str(exc)) from None
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
