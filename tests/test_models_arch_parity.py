@@ -17,7 +17,10 @@ VARIANTS = {
     "qwen3-bias-rope-linear": ("qwen3", {"attention_bias": True,
                                          "rope_parameters": {"rope_type": "linear", "factor": 2.0,
                                                              "rope_theta": 10000.0}}),
+    "mistral-window12": ("mistral", {}),  # a window shorter than most prompts
+    "mistral-window12-torch-decode": ("mistral", {}),  # the same through the torch decode path
 }
+TORCH_DECODE = {"mistral-window12-torch-decode"}
 
 
 @pytest.fixture(scope="module")
@@ -26,16 +29,70 @@ def checkpoints(tmp_path_factory):
     return {name: make_checkpoint(arch, str(root / name), **overrides) for name, (arch, overrides) in VARIANTS.items()}
 
 
-def _ops(variant: str) -> list[list[str]]:
-    return list(CUSTOM_OPS.values())
+def runner_for(checkpoints, variant: str, ops: list[str]):
+    runner = make_runner(checkpoints[variant], ops)
+    if variant in TORCH_DECODE:
+        for layer in runner.attn_layers:
+            layer.impl.native_decode = None
+    return runner
 
 
 @pytest.mark.parametrize("ops", CUSTOM_OPS.values(), ids=CUSTOM_OPS.keys())
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_chunked_prefill_and_decode_logits_match_transformers(checkpoints, variant, ops):
-    check_chunked_prefill_and_decode(checkpoints[variant], ops)
+    check_chunked_prefill_and_decode(checkpoints[variant], ops, runner_for(checkpoints, variant, ops))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_tokens_match_transformers_generate(checkpoints, variant):
-    check_greedy_matches_generate(make_runner(checkpoints[variant], ["all"]), checkpoints[variant])
+    check_greedy_matches_generate(runner_for(checkpoints, variant, ["all"]), checkpoints[variant])
+
+
+def test_sliding_window_engine_frees_blocks_and_matches_generate(checkpoints):
+    """The whole engine on Mistral (window 12, blocks of 4): prompts longer than the window, 40 tokens past
+    it, greedy tokens equal to transformers, and every block wholly behind a request's window freed."""
+    from kernelcore.engine.llm import LLM
+    from kernelcore.engine.sampling_params import SamplingParams
+    from test_models_parity import load_hf, random_tokens
+
+    path = checkpoints["mistral-window12"]
+    block_bytes = 2 * 2 * 4 * 2 * 16 * 4  # layers * (k, v) * block size * kv heads * head size * fp32
+    llm = LLM(path, kv_cache_memory=32 * block_bytes, block_size=4, max_num_batched_tokens=16)
+    assert llm.config.cache.sliding_window == 12 and llm.engine_core.num_blocks == 32
+    prompts = [random_tokens(n, seed=n) for n in (30, 7, 19)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
+    hf = load_hf(path)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+    kv = llm.engine_core.scheduler.kv
+    # A request's last step computes position len + 38 (the 40th token is sampled, never computed): the blocks
+    # wholly before its window's first position, len + 38 - 12 + 1, are freed by then.
+    assert kv.num_window_freed == sum((len(p) + 38 - 12 + 1) // 4 for p in prompts)
+    # 188 tokens of KV in a 128-token cache: the freed blocks were reused, nothing was preempted
+    assert sum(len(p) + 40 for p in prompts) > 32 * 4 and llm.engine_core.scheduler.num_preemptions_total == 0
+    assert kv.num_free_blocks == kv.num_blocks
+    llm.shutdown()
+
+
+def test_a_backend_without_sliding_window_refuses_the_model(checkpoints, monkeypatch):
+    """Never served inexactly: a platform whose attention backend cannot do windows gets a clear error."""
+    from builtin_plugins.cpu.attention import CpuAttentionBackend
+    from kernelcore.config_builder import build_config
+    from kernelcore.layers import attention
+    from kernelcore.models.loader import get_model
+
+    class FullOnlyBackend(CpuAttentionBackend):
+        supports_sliding_window = False
+
+        @staticmethod
+        def get_name() -> str:
+            return "FULL_ONLY"
+
+    monkeypatch.setattr(attention, "get_attn_backend", lambda selector: FullOnlyBackend)
+    config = build_config(model=checkpoints["mistral-window12"], block_size=16)
+    with pytest.raises(ValueError, match=r"sliding-window attention \(window 12 tokens\).*FULL_ONLY.*refusing"):
+        get_model(config)

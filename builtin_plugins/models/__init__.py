@@ -8,6 +8,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "builtin_plugins.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "builtin_plugins.models.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "builtin_plugins.models.qwen:Qwen3ForCausalLM",
+    "MistralForCausalLM": "builtin_plugins.models.mistral:MistralForCausalLM",
 }
 
 
