@@ -10,6 +10,8 @@ from conftest_models import make_checkpoint
 from test_models_parity import (CUSTOM_OPS, check_chunked_prefill_and_decode, check_greedy_matches_generate,
                                 make_runner)
 
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [1.0, 1.3, 1.9, 2.5], "long_factor": [1.5, 2.8, 4.0, 7.5]}
 VARIANTS = {
     "qwen2-bias-untied": ("qwen2", {}),
     "qwen2-tied-mha": ("qwen2", {"tie_word_embeddings": True, "num_key_value_heads": 4}),
@@ -19,7 +21,14 @@ VARIANTS = {
                                                              "rope_theta": 10000.0}}),
     "mistral-window12": ("mistral", {}),  # a window shorter than most prompts
     "mistral-window12-torch-decode": ("mistral", {}),  # the same through the torch decode path
+    # LongRoPE, partial rotary: served within the pretrained length (short factors), and beyond it (long ones)
+    "phi3-longrope-short": ("phi3", {"max_position_embeddings": 512, "original_max_position_embeddings": 128,
+                                     "rope_parameters": LONGROPE | {"original_max_position_embeddings": 128}}),
+    "phi3-longrope-long-tied": ("phi3", {"original_max_position_embeddings": 16, "tie_word_embeddings": True,
+                                         "rope_parameters": LONGROPE | {"original_max_position_embeddings": 16}}),
 }
+RUNNER_KWARGS = {"phi3-longrope-short": {"max_model_len": 128}}
+GREEDY_PROMPT_LENS = {"phi3-longrope-long-tied": (17, 24, 30)}  # transformers re-rotates on crossing the length
 TORCH_DECODE = {"mistral-window12-torch-decode"}
 
 
@@ -30,7 +39,7 @@ def checkpoints(tmp_path_factory):
 
 
 def runner_for(checkpoints, variant: str, ops: list[str]):
-    runner = make_runner(checkpoints[variant], ops)
+    runner = make_runner(checkpoints[variant], ops, **RUNNER_KWARGS.get(variant, {}))
     if variant in TORCH_DECODE:
         for layer in runner.attn_layers:
             layer.impl.native_decode = None
@@ -45,7 +54,8 @@ def test_chunked_prefill_and_decode_logits_match_transformers(checkpoints, varia
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_tokens_match_transformers_generate(checkpoints, variant):
-    check_greedy_matches_generate(runner_for(checkpoints, variant, ["all"]), checkpoints[variant])
+    check_greedy_matches_generate(runner_for(checkpoints, variant, ["all"]), checkpoints[variant],
+                                  GREEDY_PROMPT_LENS.get(variant, (3, 11, 30)))
 
 
 def test_sliding_window_engine_frees_blocks_and_matches_generate(checkpoints):

@@ -44,11 +44,11 @@ class BlockAllocator:
         return table
 
 
-def make_runner(path: str, custom_ops: list[str], num_blocks: int = 64, dtype: str = "float32"):
+def make_runner(path: str, custom_ops: list[str], num_blocks: int = 64, dtype: str = "float32", **config_kwargs):
     from kernelcore.config_builder import build_config
     from kernelcore.executor.model_runner import ModelRunner
 
-    config = build_config(model=path, dtype=dtype, block_size=BLOCK_SIZE, custom_ops=list(custom_ops))
+    config = build_config(model=path, dtype=dtype, block_size=BLOCK_SIZE, custom_ops=list(custom_ops), **config_kwargs)
     runner = ModelRunner(config)
     runner.load_model()
     runner.allocate_kv_cache(num_blocks)
@@ -143,10 +143,10 @@ def test_greedy_tokens_match_transformers_generate(checkpoints, variant, ops):
     check_greedy_matches_generate(make_runner(checkpoints[variant], ops), checkpoints[variant])
 
 
-def check_greedy_matches_generate(runner, path: str) -> None:
+def check_greedy_matches_generate(runner, path: str, prompt_lens=(3, 11, 30)) -> None:
     """64 greedy tokens after prompts of 3, 11 and 30 tokens equal transformers' ``generate``."""
     hf = load_hf(path)
-    prompts = [random_tokens(n, seed=10 + n) for n in (3, 11, 30)]
+    prompts = [random_tokens(n, seed=10 + n) for n in prompt_lens]
     ours = greedy_kernelcore(runner, prompts, max_new_tokens=64)
     eos = hf.config.eos_token_id
     for prompt, got in zip(prompts, ours):

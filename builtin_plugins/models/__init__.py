@@ -9,6 +9,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "builtin_plugins.models.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "builtin_plugins.models.qwen:Qwen3ForCausalLM",
     "MistralForCausalLM": "builtin_plugins.models.mistral:MistralForCausalLM",
+    "Phi3ForCausalLM": "builtin_plugins.models.phi3:Phi3ForCausalLM",
 }
 
 

@@ -5,6 +5,7 @@ subclass changes a class attribute (bias, q/k norm, the layer or MLP class) inst
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import torch
@@ -29,7 +30,13 @@ def rope_config(hf_config, params: dict | None = None) -> tuple[float, dict[str,
     if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
     if scaling is not None and "original_max_position_embeddings" not in scaling:
-        scaling = {**scaling, "original_max_position_embeddings": hf_config.max_position_embeddings}
+        native = getattr(hf_config, "original_max_position_embeddings", None) or hf_config.max_position_embeddings
+        scaling = {**scaling, "original_max_position_embeddings": native}
+    if scaling is not None and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su") \
+            and scaling.get("attention_factor") is None:
+        factor = scaling.get("factor") or hf_config.max_position_embeddings / scaling["original_max_position_embeddings"]
+        native = scaling["original_max_position_embeddings"]
+        scaling = {**scaling, "attention_factor": 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(native))}
     return theta, scaling
 
 
@@ -129,13 +136,16 @@ class LlamaModel(nn.Module):
 
     def __init__(self, hf_config, prefix: str) -> None:
         super().__init__()
-        theta, scaling = rope_config(hf_config)
-        head_dim = head_dim_of(hf_config)
-        rotary_emb = get_rope(head_dim, head_dim, hf_config.max_position_embeddings, theta, scaling)
+        rotary_emb = self.make_rope(hf_config)
         self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
         self.layers = nn.ModuleList(self.layer_cls(hf_config, rotary_emb, f"{prefix}.layers.{i}", i)
                                     for i in range(hf_config.num_hidden_layers))
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+
+    def make_rope(self, hf_config) -> RotaryEmbedding:
+        theta, scaling = rope_config(hf_config)
+        head_dim = head_dim_of(hf_config)
+        return get_rope(head_dim, head_dim, hf_config.max_position_embeddings, theta, scaling)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
