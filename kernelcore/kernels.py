@@ -90,6 +90,7 @@ def trace_winners() -> None:
 #     neox-style rotation in place of query [T, H*D] and key [T, Hkv*D]; cos_sin_cache [max_pos, rotary_dim]
 #     holds the cosines of the rotary_dim/2 frequencies, then the sines.
 # silu_and_mul(x) -> silu(x[..., :d]) * x[..., d:]
+# gelu_tanh_and_mul(x) -> gelu(x[..., :d], approximate="tanh") * x[..., d:]
 
 
 def torch_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len,
@@ -159,6 +160,13 @@ def torch_silu_and_mul(x):
     return F.silu(x[..., :d]) * x[..., d:]
 
 
+def torch_gelu_tanh_and_mul(x):
+    import torch.nn.functional as F
+
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
+
+
 TORCH_REFERENCE_KERNELS = {
     "paged_attention": torch_paged_attention,
     "reshape_and_cache": torch_reshape_and_cache,
@@ -166,5 +174,6 @@ TORCH_REFERENCE_KERNELS = {
     "fused_add_rms_norm": torch_fused_add_rms_norm,
     "rotary_embedding": torch_rotary_embedding,
     "silu_and_mul": torch_silu_and_mul,
+    "gelu_tanh_and_mul": torch_gelu_tanh_and_mul,
 }
 """name -> torch implementation: the CPU platform's overrides, and the reference the Triton kernels are tested against."""

@@ -12,6 +12,8 @@ from test_models_parity import (CUSTOM_OPS, check_chunked_prefill_and_decode, ch
 
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
             "short_factor": [1.0, 1.3, 1.9, 2.5], "long_factor": [1.5, 2.8, 4.0, 7.5]}
+GEMMA_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+              "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}}
 VARIANTS = {
     "qwen2-bias-untied": ("qwen2", {}),
     "qwen2-tied-mha": ("qwen2", {"tie_word_embeddings": True, "num_key_value_heads": 4}),
@@ -26,6 +28,12 @@ VARIANTS = {
                                      "rope_parameters": LONGROPE | {"original_max_position_embeddings": 128}}),
     "phi3-longrope-long-tied": ("phi3", {"original_max_position_embeddings": 16, "tie_word_embeddings": True,
                                          "rope_parameters": LONGROPE | {"original_max_position_embeddings": 16}}),
+    # local and global layers with their own rope (the global one scaled), q/k norm, a query scale that is not
+    # head_dim ** -0.5, soft-capped logits; the window (12) is shorter than the prompts
+    "gemma3-interleaved-softcap": ("gemma3", {"num_hidden_layers": 3, "sliding_window": 12, "tie_word_embeddings": True,
+                                              "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                                              "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
+                                              "rope_parameters": GEMMA_ROPE}),
 }
 RUNNER_KWARGS = {"phi3-longrope-short": {"max_model_len": 128}}
 GREEDY_PROMPT_LENS = {"phi3-longrope-long-tied": (17, 24, 30)}  # transformers re-rotates on crossing the length

@@ -79,7 +79,7 @@ def check_chunked_prefill_and_decode(path: str, ops: list[str], runner=None, ato
 
     runner = runner or make_runner(path, ops)
     expected_method = "forward_native" if ops == ["none"] else "forward_cpu"
-    norms = [m for m in runner.model.modules() if type(m).__name__ in ("RMSNorm", "LayerNorm")]
+    norms = [m for m in runner.model.modules() if type(m).__name__ in ("RMSNorm", "LayerNorm", "GemmaRMSNorm")]
     assert norms and all(m.forward_method_name == expected_method for m in norms)
     hf = load_hf(path)
     prompt_lens, chunk_sizes, num_decode = [5, 23, 40], [7, 16, 9], 32

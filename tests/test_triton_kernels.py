@@ -191,3 +191,9 @@ def test_rotary_embedding_in_place_on_qkv_slices(head_size, rotary_dim):
 def test_silu_and_mul(shape):
     x = randn(*shape)
     torch.testing.assert_close(kernel("silu_and_mul")(x), REF["silu_and_mul"](x), **tol(x.dtype))
+
+
+@pytest.mark.parametrize("shape", [(7, 80), (2, 3, 32)])
+def test_gelu_tanh_and_mul(shape):
+    x = randn(*shape) * 3  # into the tails, where tanh saturates
+    torch.testing.assert_close(kernel("gelu_tanh_and_mul")(x), REF["gelu_tanh_and_mul"](x), **tol(x.dtype))

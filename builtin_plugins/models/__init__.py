@@ -10,6 +10,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "builtin_plugins.models.qwen:Qwen3ForCausalLM",
     "MistralForCausalLM": "builtin_plugins.models.mistral:MistralForCausalLM",
     "Phi3ForCausalLM": "builtin_plugins.models.phi3:Phi3ForCausalLM",
+    "Gemma3ForCausalLM": "builtin_plugins.models.gemma3:Gemma3ForCausalLM",
 }
 
 

@@ -23,9 +23,14 @@ from kernelcore.models.loader import load_params
 
 
 def rope_config(hf_config, params: dict | None = None) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling) from either transformers' 5.x rope_parameters or the 4.x fields."""
-    params = dict(params if params is not None else (getattr(hf_config, "rope_parameters", None) or {}))
-    scaling = getattr(hf_config, "rope_scaling", None) or params or None
+    """(rope_theta, rope_scaling) from either transformers' 5.x rope_parameters or the 4.x fields; ``params``:
+    one layer type's entry of a per-layer-type rope_parameters (Gemma 3)."""
+    if params is not None:
+        params = dict(params)
+        scaling = params or None
+    else:
+        params = dict(getattr(hf_config, "rope_parameters", None) or {})
+        scaling = getattr(hf_config, "rope_scaling", None) or params or None
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None) or 10000.0)
     if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
