@@ -91,6 +91,9 @@ def trace_winners() -> None:
 #     holds the cosines of the rotary_dim/2 frequencies, then the sines.
 # silu_and_mul(x) -> silu(x[..., :d]) * x[..., d:]
 # gelu_tanh_and_mul(x) -> gelu(x[..., :d], approximate="tanh") * x[..., d:]
+# fused_moe(x, w13, w2, topk_weights, topk_ids) -> out
+#     x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights [T, k] (x's dtype) and
+#     topk_ids [T, k] int64: out[t] = sum_k topk_weights[t, k] * w2[e] (silu(w13[e, :I] x_t) * w13[e, I:] x_t).
 
 
 def torch_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len,
@@ -167,6 +170,12 @@ def torch_gelu_tanh_and_mul(x):
     return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
 
 
+def torch_fused_moe(x, w13, w2, topk_weights, topk_ids):
+    from kernelcore.layers.fused_moe import grouped_experts
+
+    return grouped_experts(x, w13, w2, topk_weights, topk_ids)
+
+
 TORCH_REFERENCE_KERNELS = {
     "paged_attention": torch_paged_attention,
     "reshape_and_cache": torch_reshape_and_cache,
@@ -175,5 +184,6 @@ TORCH_REFERENCE_KERNELS = {
     "rotary_embedding": torch_rotary_embedding,
     "silu_and_mul": torch_silu_and_mul,
     "gelu_tanh_and_mul": torch_gelu_tanh_and_mul,
+    "fused_moe": torch_fused_moe,
 }
 """name -> torch implementation: the CPU platform's overrides, and the reference the Triton kernels are tested against."""

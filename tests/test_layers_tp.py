@@ -60,6 +60,8 @@ def _free_port() -> int:
 
 TP_VARIANTS = {
     "qwen3-bias-qk-norm-kv1": ("qwen3", {"attention_bias": True, "num_key_value_heads": 1, "vocab_size": 321}),
+    # every expert's intermediate dimension split over the ranks, a dense layer between sparse ones
+    "qwen3moe-experts-split": ("qwen3_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2, "num_hidden_layers": 3}),
 }
 
 

@@ -34,6 +34,11 @@ VARIANTS = {
                                               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
                                               "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
                                               "rope_parameters": GEMMA_ROPE}),
+    # 8 experts, top-2 renormalised; a dense MLP layer between sparse ones (decoder_sparse_step 2)
+    "qwen3moe-norm-topk-sparse-step": ("qwen3_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2,
+                                                      "num_hidden_layers": 3, "intermediate_size": 96}),
+    "qwen3moe-top3-unnormalised": ("qwen3_moe", {"norm_topk_prob": False, "num_experts_per_tok": 3,
+                                                 "tie_word_embeddings": True}),
 }
 RUNNER_KWARGS = {"phi3-longrope-short": {"max_model_len": 128}}
 GREEDY_PROMPT_LENS = {"phi3-longrope-long-tied": (17, 24, 30)}  # transformers re-rotates on crossing the length

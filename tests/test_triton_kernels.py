@@ -197,3 +197,27 @@ def test_silu_and_mul(shape):
 def test_gelu_tanh_and_mul(shape):
     x = randn(*shape) * 3  # into the tails, where tanh saturates
     torch.testing.assert_close(kernel("gelu_tanh_and_mul")(x), REF["gelu_tanh_and_mul"](x), **tol(x.dtype))
+
+
+def naive_moe(x, w13, w2, topk_weights, topk_ids):
+    """Token by token, expert by expert: the definition."""
+    inter = w2.shape[2]
+    out = torch.zeros_like(x, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for weight, e in zip(topk_weights[t].tolist(), topk_ids[t].tolist()):
+            h = w13[e].float() @ x[t].float()
+            out[t] += weight * (w2[e].float() @ (torch.nn.functional.silu(h[:inter]) * h[inter:]))
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (37, 8, 2), (20, 4, 3)])
+def test_fused_moe_matches_reference_and_definition(num_tokens, num_experts, top_k):
+    from kernelcore.layers.fused_moe import select_experts
+
+    hidden, inter = 48, 40  # neither a power of two: masked tiles
+    x = randn(num_tokens, hidden)
+    w13, w2 = randn(num_experts, 2 * inter, hidden) * 0.2, randn(num_experts, hidden, inter) * 0.2
+    weights, ids = select_experts(randn(num_tokens, num_experts), top_k, renormalize=True)
+    expected = naive_moe(x, w13, w2, weights, ids)
+    torch.testing.assert_close(REF["fused_moe"](x, w13, w2, weights, ids), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kernel("fused_moe")(x, w13, w2, weights, ids), expected, atol=1e-4, rtol=1e-4)

@@ -86,12 +86,13 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> N
 
 def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                 stacked_params_mapping: list[tuple[str, str, object]] = (),
-                rename: Callable[[str], str | None] | None = None) -> set[str]:
+                rename: Callable[[str], str | None] | None = None, loaded_elsewhere: set[str] = frozenset()) -> set[str]:
     """Copy checkpoint tensors into ``model`` through each parameter's ``weight_loader``.
 
     ``stacked_params_mapping`` holds (fused param part, checkpoint part, shard id), e.g.
     ("qkv_proj", "q_proj", "q"). Raises naming the tensor on a shape mismatch, and
-    naming the parameters the checkpoint did not provide.
+    naming the parameters the checkpoint did not provide. ``loaded_elsewhere``: parameters the caller
+    fills itself while ``weights`` is consumed (e.g. per-expert tensors), not missing at the end.
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -118,7 +119,7 @@ def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
         loaded.add(name)
     if unexpected:
         logger.warning("ignored %d checkpoint tensors with no matching parameter: %s", len(unexpected), unexpected[:8])
-    missing = sorted(set(params) - loaded)
+    missing = sorted(set(params) - loaded - set(loaded_elsewhere))
     if missing:
         raise ValueError(f"checkpoint does not provide {len(missing)} parameters: {missing[:10]}")
     return loaded
