@@ -26,6 +26,7 @@ class Phi3Model(LlamaModel):
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     model_cls = Phi3Model
+    supports_lora = False  # Phi-3 adapters target the fused qkv_proj / gate_up_proj: not mapped yet
 
     def checkpoint_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
         """Split the fused tensors into the q/k/v and gate/up parts the sharded loaders take one by one."""
