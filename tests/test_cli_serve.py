@@ -19,6 +19,20 @@ def test_serve_help_lists_flags_and_env_vars():
     assert "KC_API_KEY" in out and "127.0.0.1" in out
 
 
+def test_serve_help_explains_the_operator_flags():
+    out = " ".join(run_kc("serve", "--help").stdout.split())
+    assert "--default-max-tokens" in out and "Without it a chat request generates until the model stops" in out
+    assert "--metrics-prefix" in out and "`vllm` makes vLLM's dashboards" in out
+    assert "--no-web-console" in out
+
+
+def test_bad_metrics_prefix_is_a_usage_error():
+    from kernelcore.entrypoints.serve import serve_cmd
+
+    result = CliRunner().invoke(serve_cmd, ["--metrics-prefix", "bad prefix!"])
+    assert result.exit_code == 2 and "--metrics-prefix" in result.output
+
+
 def test_platform_can_add_serve_options():
     out = run_kc("serve", "--help", KC_DUMMY_DEVICE="1").stdout
     assert "--dummy-flag" in out
