@@ -1,6 +1,7 @@
 """Offline throughput: kernelcore vs transformers ``generate`` on the same synthetic workloads, same run.
 
     python benchmarks/throughput.py --shape llama --workload uniform --dtype float32
+    python benchmarks/throughput.py --shape qwen3-0.6b --shape moe --workload uniform --workload mixed
     python benchmarks/throughput.py --quick          # a smoke run
     kc bench throughput ...                          # the same command, mounted in the CLI
 
@@ -29,22 +30,33 @@ SHAPES = {
                 ffn_dim=3072),
     "llama": dict(arch="llama", vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                   num_key_value_heads=4, intermediate_size=2048),
+    # Qwen3-0.6B's shape (0.6B parameters, tied embeddings, q/k norm)
+    "qwen3-0.6b": dict(arch="qwen3", vocab_size=151936, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=3072, tie_word_embeddings=True),
+    # a Qwen3-MoE of ~0.5B parameters: 8 experts, top-2 (about 0.17B active per token)
+    "moe": dict(arch="qwen3_moe", vocab_size=32000, hidden_size=1024, num_hidden_layers=12, num_attention_heads=16,
+                num_key_value_heads=4, head_dim=64, intermediate_size=2816, moe_intermediate_size=1408, num_experts=8,
+                num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False),
 }
+ARCH_CLASSES = {"opt": ("OPTConfig", "OPTForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+                "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
 
 
 def build_checkpoint(shape: str, root: str) -> str:
-    from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
+    import transformers
 
     path = os.path.join(root, shape)
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     kwargs = dict(SHAPES[shape])
     arch = kwargs.pop("arch")
+    config_cls, model_cls = (getattr(transformers, name) for name in ARCH_CLASSES[arch])
     torch.manual_seed(0)
     if arch == "opt":
-        model = OPTForCausalLM(OPTConfig(max_position_embeddings=2048, word_embed_proj_dim=768, **kwargs))
+        kwargs.update(word_embed_proj_dim=768)
     else:
-        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=2048, tie_word_embeddings=False, **kwargs))
+        kwargs.setdefault("tie_word_embeddings", False)
+    model = model_cls(config_cls(max_position_embeddings=2048, **kwargs))
     model.save_pretrained(path)
     return path
 
@@ -94,6 +106,9 @@ def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_b
     llm.generate([{"prompt_token_ids": [3] * 16}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
+    expert_seconds = [0.0]
+    if not multiprocess:
+        _time_experts(llm.engine_core.executor.worker.model_runner.model, expert_seconds)
     with PeakRss() as mem:
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -107,10 +122,28 @@ def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_b
         kv = llm.engine_core.scheduler.kv
         hit_rate = kv.num_hits / max(kv.num_queries, 1)
     result = dict(tokens_per_s=num_tokens / elapsed, seconds=elapsed, peak_rss_gib=mem.peak / 2**30,
-                  prefix_hit_rate=hit_rate)
+                  prefix_hit_rate=hit_rate, expert_share=expert_seconds[0] / elapsed)
     del llm
     gc.collect()
     return result
+
+
+def _time_experts(model, total: list[float]) -> None:
+    """Accumulate the wall time of every FusedMoE forward (routing + expert matmuls) into total[0]."""
+    from kernelcore.layers.fused_moe import FusedMoE
+
+    for module in model.modules():
+        if isinstance(module, FusedMoE):
+            inner = module._forward_method
+
+            def timed(*args, _inner=inner, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return _inner(*args, **kwargs)
+                finally:
+                    total[0] += time.perf_counter() - start
+
+            module._forward_method = timed
 
 
 def run_transformers(path: str, workload, dtype: str, batch_size: int = 32, threads: int | None = None) -> dict:
@@ -179,8 +212,9 @@ def _numel(shape) -> int:
 
 
 @click.command("throughput")
-@click.option("--shape", type=click.Choice(["opt", "llama", "all"]), default="all", show_default=True)
-@click.option("--workload", type=click.Choice(["uniform", "mixed", "shared-prefix", "all"]), default="all", show_default=True)
+@click.option("--shape", type=click.Choice([*SHAPES, "all"]), multiple=True, default=["opt", "llama"], show_default=True)
+@click.option("--workload", type=click.Choice(["uniform", "mixed", "shared-prefix", "all"]), multiple=True,
+              default=["all"], show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
 @click.option("--num-runs", type=int, default=1, show_default=True, help="Repeat each measurement; medians are printed.")
 @click.option("--quick", is_flag=True, help="A quarter of the requests and output tokens (smoke run).")
@@ -197,8 +231,8 @@ def _numel(shape) -> int:
 def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, max_num_batched_tokens,
                threads, multiprocess, checkpoint_dir, json_out):
     """kernelcore vs transformers generate: output tokens/s on synthetic workloads, in the same run."""
-    shapes = list(SHAPES) if shape == "all" else [shape]
-    workloads = ["uniform", "mixed", "shared-prefix"] if workload == "all" else [workload]
+    shapes = list(SHAPES) if "all" in shape else list(shape)
+    workloads = ["uniform", "mixed", "shared-prefix"] if "all" in workload else list(workload)
     root = checkpoint_dir or tempfile.mkdtemp(prefix="kc-bench-")
     threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     torch.set_num_threads(threads)
@@ -228,6 +262,7 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
                        kernelcore_peak_rss_gib=max(r["peak_rss_gib"] for r in kc_runs),
                        transformers_peak_rss_gib=max(r["peak_rss_gib"] for r in hf_runs) if hf_runs else None,
                        prefix_hit_rate=kc_runs[0]["prefix_hit_rate"],
+                       expert_share=statistics.median(r["expert_share"] for r in kc_runs),
                        roofline_share=kc * flops / (peak * 1e9))
             if mp_runs:
                 row["multiprocess_tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in mp_runs)
@@ -239,6 +274,7 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
                        f"ratio {row['ratio'] or float('nan'):5.2f}x | peak RSS kc {row['kernelcore_peak_rss_gib']:.2f} GiB"
                        f" hf {row['transformers_peak_rss_gib'] or float('nan'):.2f} GiB | "
                        f"prefix hits {row['prefix_hit_rate']:.0%} | roofline {row['roofline_share']:.0%}"
+                       + (f" | experts {row['expert_share']:.0%} of kc time" if row["expert_share"] else "")
                        + (f" | multiprocess {row['multiprocess_tokens_per_s']:.1f} tok/s, overhead "
                           f"{row['multiprocess_overhead']:+.1%}" if mp_runs else ""))
     if json_out:

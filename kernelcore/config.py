@@ -30,6 +30,7 @@ class CacheConfig:
     kv_cache_memory: int = 2 << 30  # bytes for the whole KV cache (per rank)
     num_blocks: int | None = None  # set by the worker after profiling
     enable_prefix_caching: bool = True
+    sliding_window: int | None = None  # from the model: no layer looks further back (older KV blocks are freed)
 
 
 @dataclass

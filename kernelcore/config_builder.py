@@ -82,8 +82,10 @@ def build_config(**kwargs: Any) -> KernelConfig:
     model.model = os.path.abspath(os.path.expanduser(model.model))
     hf_config = load_hf_config(model)
     architectures = list(getattr(hf_config, "architectures", None) or [])
-    model.architecture, _ = model_registry.resolve(architectures)
+    model.architecture, model_cls = model_registry.resolve(architectures)
     logger.info("Resolved architecture: %s", model.architecture)
+    kv_window = getattr(model_cls, "kv_cache_sliding_window", None)  # optional: the model's KV-cache horizon
+    cache.sliding_window = kv_window(hf_config) if kv_window is not None else None
     native_len = getattr(hf_config, "max_position_embeddings", None) or 2048
     if model.max_model_len is None:
         model.max_model_len = native_len

@@ -75,10 +75,12 @@ def trace_winners() -> None:
 # -- the named kernels: their contract and torch reference implementations ------------------------------
 #
 # paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len,
-#                 max_seq_len, scale, out=None) -> out
+#                 max_seq_len, scale, out=None[, sliding_window=W]) -> out
 #     query [T, H, D]; caches [num_blocks, block_size, Hkv, D]; sequence i owns query rows
 #     query_start_loc[i]:query_start_loc[i+1], the last of its seq_lens[i] positions (a decode token or a
 #     prefill chunk starting mid-sequence), and attends causally to the keys the cache holds for it.
+#     sliding_window (passed only by sliding-window layers): the query at p sees keys p - W + 1 .. p only,
+#     and block-table entries wholly before that must not be read (the engine may have reused them).
 # reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None
 #     key/value [T, Hkv, D]: row t is written at cache slot slot_mapping[t] (block * block_size + offset);
 #     a negative slot is skipped.
@@ -88,10 +90,14 @@ def trace_winners() -> None:
 #     neox-style rotation in place of query [T, H*D] and key [T, Hkv*D]; cos_sin_cache [max_pos, rotary_dim]
 #     holds the cosines of the rotary_dim/2 frequencies, then the sines.
 # silu_and_mul(x) -> silu(x[..., :d]) * x[..., d:]
+# gelu_tanh_and_mul(x) -> gelu(x[..., :d], approximate="tanh") * x[..., d:]
+# fused_moe(x, w13, w2, topk_weights, topk_ids) -> out
+#     x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights [T, k] (x's dtype) and
+#     topk_ids [T, k] int64: out[t] = sum_k topk_weights[t, k] * w2[e] (silu(w13[e, :I] x_t) * w13[e, I:] x_t).
 
 
 def torch_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len,
-                          max_seq_len, scale, out=None):
+                          max_seq_len, scale, out=None, sliding_window=None):
     import torch
     import torch.nn.functional as F
 
@@ -102,11 +108,15 @@ def torch_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
         s, e = starts[i], starts[i + 1]
         if e == s:
             continue
-        blocks = block_tables[i, : -(-seq_len // block_size)]
-        keys = key_cache[blocks].flatten(0, 1)[:seq_len]
-        values = value_cache[blocks].flatten(0, 1)[:seq_len]
         pos = torch.arange(seq_len - (e - s), seq_len, device=query.device)
-        mask = torch.arange(seq_len, device=query.device)[None, :] <= pos[:, None]
+        first = 0 if sliding_window is None else max(0, seq_len - (e - s) - sliding_window + 1) // block_size
+        blocks = block_tables[i, first: -(-seq_len // block_size)]
+        keys = key_cache[blocks].flatten(0, 1)[:seq_len - first * block_size]
+        values = value_cache[blocks].flatten(0, 1)[:seq_len - first * block_size]
+        key_pos = torch.arange(first * block_size, seq_len, device=query.device)[None, :]
+        mask = key_pos <= pos[:, None]
+        if sliding_window is not None:
+            mask &= key_pos > pos[:, None] - sliding_window
         o = F.scaled_dot_product_attention(query[s:e].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                            attn_mask=mask, scale=scale, enable_gqa=num_heads != num_kv_heads)
         out[s:e] = o.transpose(0, 1)
@@ -153,6 +163,19 @@ def torch_silu_and_mul(x):
     return F.silu(x[..., :d]) * x[..., d:]
 
 
+def torch_gelu_tanh_and_mul(x):
+    import torch.nn.functional as F
+
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
+
+
+def torch_fused_moe(x, w13, w2, topk_weights, topk_ids):
+    from kernelcore.layers.fused_moe import grouped_experts
+
+    return grouped_experts(x, w13, w2, topk_weights, topk_ids)
+
+
 TORCH_REFERENCE_KERNELS = {
     "paged_attention": torch_paged_attention,
     "reshape_and_cache": torch_reshape_and_cache,
@@ -160,5 +183,7 @@ TORCH_REFERENCE_KERNELS = {
     "fused_add_rms_norm": torch_fused_add_rms_norm,
     "rotary_embedding": torch_rotary_embedding,
     "silu_and_mul": torch_silu_and_mul,
+    "gelu_tanh_and_mul": torch_gelu_tanh_and_mul,
+    "fused_moe": torch_fused_moe,
 }
 """name -> torch implementation: the CPU platform's overrides, and the reference the Triton kernels are tested against."""

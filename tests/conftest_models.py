@@ -68,3 +68,30 @@ def make_opt_checkpoint(path: str, seed: int = 0, std: float = 0.1, safe_seriali
                   bos_token_id=2, eos_token_id=2, pad_token_id=1)
     kwargs.update(config_overrides)
     return _save(OPTForCausalLM, OPTConfig(**kwargs), path, seed, std, safe_serialization, **(save_kwargs or {}))
+
+
+# Tiny shapes of each further architecture; a test's overrides switch on the features it checks.
+SMALL = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+             bos_token_id=1, eos_token_id=2, pad_token_id=0)
+ARCH_DEFAULTS = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 16, "sliding_window": 12}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": None}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "hidden_activation": "gelu_pytorch_tanh"}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"head_dim": 16, "moe_intermediate_size": 32,
+                                                            "num_experts": 8, "num_experts_per_tok": 2}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"head_dim": 16, "num_local_experts": 4,
+                                                        "num_experts_per_tok": 2}),
+}
+
+
+def make_checkpoint(arch: str, path: str, seed: int = 0, std: float = 0.1, **config_overrides) -> str:
+    """A random-weight checkpoint of one of ARCH_DEFAULTS' architectures, built by transformers."""
+    import transformers
+
+    config_name, model_name, defaults = ARCH_DEFAULTS[arch]
+    kwargs = {**SMALL, **defaults, **config_overrides}
+    config = getattr(transformers, config_name)(**kwargs)
+    return _save(getattr(transformers, model_name), config, path, seed, std)

@@ -20,13 +20,17 @@ SHAPES = [  # heads, kv heads, head size, block size
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
-def dense_attention(q, keys, values, scale, causal_from=None):
-    """q [Lq, H, D], keys/values [L, Hkv, D] (float32 math); query j sees keys 0..causal_from + j."""
+def dense_attention(q, keys, values, scale, causal_from=None, window=None):
+    """q [Lq, H, D], keys/values [L, Hkv, D] (float32 math); query j sees keys 0..causal_from + j (the last
+    ``window`` of them with a sliding window)."""
     group = q.shape[1] // keys.shape[1]
     keys, values = keys.float().repeat_interleave(group, 1), values.float().repeat_interleave(group, 1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
     if causal_from is not None:
-        allowed = torch.arange(keys.shape[0])[None, :] <= causal_from + torch.arange(q.shape[0])[:, None]
+        q_pos = causal_from + torch.arange(q.shape[0])[:, None]
+        allowed = torch.arange(keys.shape[0])[None, :] <= q_pos
+        if window is not None:
+            allowed &= torch.arange(keys.shape[0])[None, :] > q_pos - window
         scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
 
@@ -81,6 +85,10 @@ def run_steps(impl, steps, block_size, dtype, seed=0):
         k = torch.randn(num_tokens, num_kv_heads, head_size, generator=generator).to(dtype)
         v = torch.randn(num_tokens, num_kv_heads, head_size, generator=generator).to(dtype)
         metadata = metadata_for(step, tables, block_size)
+        if impl.sliding_window is not None:  # blocks wholly behind every query's window: huge keys and values
+            for i, (context, _) in enumerate(step):
+                behind = max(0, context - impl.sliding_window + 1) // block_size
+                kv_cache[:, tables[i][:behind]] = 1e3
         out = impl.forward(q.flatten(1), k.flatten(1), v.flatten(1), kv_cache, metadata).view_as(q)
         reference, start = torch.empty(num_tokens, num_heads, head_size), 0
         for i, (context, num_q) in enumerate(step):
@@ -88,14 +96,16 @@ def run_steps(impl, steps, block_size, dtype, seed=0):
             history_k[i] = torch.cat([history_k[i], k[start:start + num_q]])
             history_v[i] = torch.cat([history_v[i], v[start:start + num_q]])
             reference[start:start + num_q] = dense_attention(q[start:start + num_q], history_k[i], history_v[i],
-                                                             impl.scale, causal_from=context)
+                                                             impl.scale, causal_from=context,
+                                                             window=impl.sliding_window)
             start += num_q
         results.append((out, reference))
     return results
 
 
-def make_impl(num_heads, num_kv_heads, head_size, native: bool):
+def make_impl(num_heads, num_kv_heads, head_size, native: bool, sliding_window: int | None = None):
     impl = CpuAttentionImpl(num_heads, head_size, head_size ** -0.5, num_kv_heads)
+    impl.sliding_window = sliding_window
     if native:
         assert impl.native_decode is not None, "the native kernel should build on the test machine"
     else:
@@ -188,3 +198,23 @@ def test_a_kernel_directory_others_can_write_is_refused(tmp_path):
     """, KC_CACHE_DIR=str(tmp_path))
     assert "native: None" in proc.stdout
     assert "writable by other users" in proc.stderr and not list(kernels.glob("*.so"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,window", [((12, 4, 64, 16), 20), ((4, 1, 128, 8), 9), ((6, 3, 24, 16), 16)],
+                         ids=["vec-block16", "vec-block8-generic", "generic-head24"])
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_sliding_window_prefill_chunks_and_decodes_past_the_window(shape, window, dtype, native):
+    """Fresh prefills longer than the window, chunks after a prefix, then decodes well past the window; the
+    blocks wholly behind the window are overwritten with huge values before each step (the engine frees and
+    reuses them), so reading any of them would show."""
+    num_heads, num_kv_heads, head_size, block_size = shape
+    impl = make_impl(num_heads, num_kv_heads, head_size, native, sliding_window=window)
+    steps = [[(0, 30), (0, 5), (0, 1)], [(30, 1), (5, 17), (1, 40)]]
+    lens = [31, 22, 41]
+    for _ in range(24):
+        steps.append([(n, 1) for n in lens])
+        lens = [n + 1 for n in lens]
+    results = run_steps(impl, steps, block_size, dtype)
+    for out, reference in results:
+        torch.testing.assert_close(out.float(), reference, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])

@@ -90,3 +90,46 @@ def test_prefix_caching_off_never_hits():
     a.num_computed_tokens = 10
     kv.cache_blocks(a)
     assert kv.get_computed_blocks(_request("b", list(range(10)))) == ([], 0)
+
+
+def test_sliding_window_frees_blocks_wholly_behind_the_window():
+    from kernelcore.engine.kv_cache_manager import NULL_BLOCK
+
+    kv = KVCacheManager(num_blocks=8, block_size=4, sliding_window=6)
+    r = _request("a", list(range(10)))
+    assert kv.allocate_slots(r, 10) and kv.num_free_blocks == 5
+    r.num_computed_tokens = 10  # the next token (position 10) sees positions 5..10: block 0 (0-3) is behind
+    assert kv.allocate_slots(r, 1)
+    assert r.block_ids[0] == NULL_BLOCK and kv.num_window_freed == 1 and kv.num_free_blocks == 6
+    for n in range(11, 40):  # decode on: at most ceil(6 / 4) + 1 blocks are ever held
+        r.num_computed_tokens = n
+        assert kv.allocate_slots(r, 1)
+        held = [b for b in r.block_ids if b != NULL_BLOCK]
+        assert len(held) <= 3 and len(r.block_ids) == -(-(n + 1) // 4)
+    first_visible = 39 - 6 + 1
+    assert kv.num_window_freed == first_visible // 4 == r.block_ids.count(NULL_BLOCK)
+    kv.free(r)  # the NULL entries are skipped, nothing is freed twice
+    assert kv.num_free_blocks == 8
+
+
+def test_sliding_window_blocks_stay_in_the_prefix_cache_after_freeing():
+    kv = KVCacheManager(num_blocks=6, block_size=4, sliding_window=4)
+    a = _request("a", list(range(13)))
+    assert kv.allocate_slots(a, 13)
+    a.num_computed_tokens = 13
+    kv.cache_blocks(a)
+    first_two = a.block_ids[:2]
+    assert kv.allocate_slots(a, 1) and kv.num_window_freed == 2  # blocks 0-1 are behind position 13's window
+    assert kv.num_free_blocks == 4
+    b = _request("b", list(range(13)))
+    hits, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 12 and hits[:2] == first_two  # freed but still cached: a prefix hit revives them
+    assert kv.allocate_slots(b, 1, hits) and kv.num_free_blocks == 4 - 2 - 1
+
+
+def test_without_a_window_nothing_is_freed_early():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    r = _request("a", list(range(30)))
+    assert kv.allocate_slots(r, 30)
+    r.num_computed_tokens = 30
+    assert kv.allocate_slots(r, 1) and kv.num_window_freed == 0 and -1 not in r.block_ids

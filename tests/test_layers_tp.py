@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest_models import make_llama_checkpoint, make_opt_checkpoint
+from conftest_models import make_checkpoint, make_llama_checkpoint, make_opt_checkpoint
 
 PROMPTS = [[5, 9, 11, 3, 7, 8, 100, 200, 17], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58]]
 
@@ -52,9 +52,19 @@ def _worker(rank: int, world_size: int, store: str, path: str, out: str) -> None
     assert get_tp_group().world_size == 1
 
 
-@pytest.mark.parametrize("variant", ["llama-kv1-odd-vocab-tied", "opt-post-norm-proj"])
+TP_VARIANTS = {
+    "qwen3-bias-qk-norm-kv1": ("qwen3", {"attention_bias": True, "num_key_value_heads": 1, "vocab_size": 321}),
+    # every expert's intermediate dimension split over the ranks, a dense layer between sparse ones
+    "qwen3moe-experts-split": ("qwen3_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2, "num_hidden_layers": 3}),
+}
+
+
+@pytest.mark.parametrize("variant", ["llama-kv1-odd-vocab-tied", "opt-post-norm-proj", *TP_VARIANTS])
 def test_two_ranks_match_one_rank(tmp_path, variant):
-    if variant.startswith("llama"):
+    if variant in TP_VARIANTS:
+        arch, overrides = TP_VARIANTS[variant]
+        path = make_checkpoint(arch, str(tmp_path / "m"), **overrides)
+    elif variant.startswith("llama"):
         path = make_llama_checkpoint(str(tmp_path / "m"), num_key_value_heads=1, vocab_size=321,
                                      tie_word_embeddings=True)
     else:

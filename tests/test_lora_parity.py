@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest_models import make_llama_checkpoint, make_opt_checkpoint
+from functools import partial
+
+from conftest_models import make_checkpoint, make_llama_checkpoint, make_opt_checkpoint
 from lora_helpers import make_peft_adapter, peft_logits
 from test_models_parity import BlockAllocator, random_tokens
 
@@ -16,7 +18,8 @@ BLOCK_SIZE = 16
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     out = {}
-    for arch, make in (("llama", make_llama_checkpoint), ("opt", make_opt_checkpoint)):
+    for arch, make in (("llama", make_llama_checkpoint), ("opt", make_opt_checkpoint),
+                       ("qwen2", partial(make_checkpoint, "qwen2"))):
         base = make(str(root / arch))
         adapters = [
             make_peft_adapter(base, str(root / f"{arch}-a"), arch, seed=1, rank=8, alpha=16),
@@ -66,7 +69,7 @@ def run_chunked(runner, seqs: list[list[int]], lora_ids: list[int], chunk: int =
     return [torch.cat(parts) for parts in out]
 
 
-@pytest.mark.parametrize("arch", ["llama", "opt"])
+@pytest.mark.parametrize("arch", ["llama", "opt", "qwen2"])
 def test_mixed_batch_matches_peft_and_base(models, arch):
     base, adapters = models[arch]
     runner = make_runner(base, max_loras=3)

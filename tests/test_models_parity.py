@@ -1,4 +1,5 @@
-"""Logits and greedy tokens of kernelcore's OPT and Llama match transformers on random checkpoints."""
+"""Logits and greedy tokens of kernelcore's OPT and Llama match transformers on random checkpoints (the checks
+are shared with test_models_arch_parity.py)."""
 
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ class BlockAllocator:
         return table
 
 
-def make_runner(path: str, custom_ops: list[str], num_blocks: int = 64, dtype: str = "float32"):
+def make_runner(path: str, custom_ops: list[str], num_blocks: int = 64, dtype: str = "float32", **config_kwargs):
     from kernelcore.config_builder import build_config
     from kernelcore.executor.model_runner import ModelRunner
 
-    config = build_config(model=path, dtype=dtype, block_size=BLOCK_SIZE, custom_ops=list(custom_ops))
+    config = build_config(model=path, dtype=dtype, block_size=BLOCK_SIZE, custom_ops=list(custom_ops), **config_kwargs)
     runner = ModelRunner(config)
     runner.load_model()
     runner.allocate_kv_cache(num_blocks)
@@ -68,13 +69,19 @@ def random_tokens(n: int, seed: int, vocab: int = 320) -> list[int]:
 @pytest.mark.parametrize("ops", CUSTOM_OPS.values(), ids=CUSTOM_OPS.keys())
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_chunked_prefill_and_decode_logits_match_transformers(checkpoints, variant, ops):
+    check_chunked_prefill_and_decode(checkpoints[variant], ops)
+
+
+def check_chunked_prefill_and_decode(path: str, ops: list[str], runner=None, atol: float = 2e-4) -> None:
+    """Three staggered sequences, prefilled in chunks while the others decode, 32 decode steps each: every
+    position's logits equal transformers' full-sequence forward."""
     from kernelcore.executor.model_runner import SeqBatchEntry
 
-    runner = make_runner(checkpoints[variant], ops)
+    runner = runner or make_runner(path, ops)
     expected_method = "forward_native" if ops == ["none"] else "forward_cpu"
-    norms = [m for m in runner.model.modules() if type(m).__name__ in ("RMSNorm", "LayerNorm")]
+    norms = [m for m in runner.model.modules() if type(m).__name__ in ("RMSNorm", "LayerNorm", "GemmaRMSNorm")]
     assert norms and all(m.forward_method_name == expected_method for m in norms)
-    hf = load_hf(checkpoints[variant])
+    hf = load_hf(path)
     prompt_lens, chunk_sizes, num_decode = [5, 23, 40], [7, 16, 9], 32
     seqs = [random_tokens(n + num_decode, seed=i) for i, n in enumerate(prompt_lens)]
     with torch.no_grad():
@@ -97,7 +104,7 @@ def test_chunked_prefill_and_decode_logits_match_transformers(checkpoints, varia
         row = 0
         for i, entry in zip(owners, entries):
             start, n = entry.num_computed_tokens, len(entry.token_ids)
-            torch.testing.assert_close(logits[row:row + n], refs[i][start:start + n], atol=2e-4, rtol=1e-4)
+            torch.testing.assert_close(logits[row:row + n], refs[i][start:start + n], atol=atol, rtol=1e-4)
             row += n
             num_computed[i] += n
         step += 1
@@ -133,9 +140,13 @@ def greedy_kernelcore(runner, prompts: list[list[int]], max_new_tokens: int, chu
 @pytest.mark.parametrize("ops", CUSTOM_OPS.values(), ids=CUSTOM_OPS.keys())
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_tokens_match_transformers_generate(checkpoints, variant, ops):
-    runner = make_runner(checkpoints[variant], ops)
-    hf = load_hf(checkpoints[variant])
-    prompts = [random_tokens(n, seed=10 + n) for n in (3, 11, 30)]
+    check_greedy_matches_generate(make_runner(checkpoints[variant], ops), checkpoints[variant])
+
+
+def check_greedy_matches_generate(runner, path: str, prompt_lens=(3, 11, 30)) -> None:
+    """64 greedy tokens after prompts of 3, 11 and 30 tokens equal transformers' ``generate``."""
+    hf = load_hf(path)
+    prompts = [random_tokens(n, seed=10 + n) for n in prompt_lens]
     ours = greedy_kernelcore(runner, prompts, max_new_tokens=64)
     eos = hf.config.eos_token_id
     for prompt, got in zip(prompts, ours):

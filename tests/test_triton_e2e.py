@@ -1,4 +1,4 @@
-"""A tiny Llama and OPT through the Triton attention backend and Triton ops, in Triton's interpreter on
+"""A tiny Llama, OPT and Mistral (sliding window) through the Triton attention backend and Triton ops, in Triton's interpreter on
 CPU tensors (the kc_dummy_triton_interp platform, KC_TRITON_INTERP=1), against the CPU platform's logits.
 
 Each run steps the model runner by hand: a profiling-style forward with no KV cache bound, then fresh
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from conftest_models import make_llama_checkpoint, make_opt_checkpoint
+from conftest_models import make_checkpoint, make_llama_checkpoint, make_opt_checkpoint
 from helpers import run_python
 
 pytest.importorskip("triton", reason="pip install 'kernelcore[cuda]'")
@@ -47,7 +47,9 @@ print(json.dumps(report))
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("triton_e2e")
     return {"llama": (make_llama_checkpoint(str(root / "llama")), 16),
-            "opt": (make_opt_checkpoint(str(root / "opt")), 32)}
+            "opt": (make_opt_checkpoint(str(root / "opt")), 32),
+            # a sliding window (12) shorter than the 40-token sequence: the kernel's window path
+            "mistral": (make_checkpoint("mistral", str(root / "mistral")), 16)}
 
 
 def _run(checkpoints, tmp_path, tag, **env):
@@ -60,7 +62,7 @@ def _run(checkpoints, tmp_path, tag, **env):
     return report, [e["result"] for e in events if e["hook"] == "kernel_table"], logits
 
 
-def test_llama_and_opt_through_triton_interpreter_match_cpu_platform(checkpoints, tmp_path):
+def test_llama_opt_mistral_through_triton_interpreter_match_cpu_platform(checkpoints, tmp_path):
     cpu_report, cpu_tables, cpu_logits = _run(checkpoints, tmp_path, "cpu")
     report, tables, logits = _run(checkpoints, tmp_path, "triton", KC_TRITON_INTERP="1", TRITON_INTERPRET="1")
 

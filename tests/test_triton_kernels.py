@@ -106,6 +106,43 @@ def test_paged_attention_fp16_and_padded_head_size(dtype, head_size):
     torch.testing.assert_close(out, REF["paged_attention"](*args), **tol(dtype))
 
 
+def dense_window_attention(query, key_cache, value_cache, block_tables, seq_lens, qsl, scale, window):
+    """Every key of each sequence gathered, the causal and window masks applied: the plain definition."""
+    out = torch.empty_like(query)
+    block_size, group = key_cache.shape[1], query.shape[1] // key_cache.shape[2]
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        s, e = qsl[i].item(), qsl[i + 1].item()
+        table = block_tables[i, : -(-seq_len // block_size)]
+        keys = key_cache[table].flatten(0, 1)[:seq_len].float().repeat_interleave(group, 1)
+        values = value_cache[table].flatten(0, 1)[:seq_len].float().repeat_interleave(group, 1)
+        pos = torch.arange(seq_len - (e - s), seq_len)[:, None]
+        key_pos = torch.arange(seq_len)[None, :]
+        scores = torch.einsum("qhd,khd->hqk", query[s:e].float(), keys) * scale
+        scores = scores.masked_fill(~((key_pos <= pos) & (key_pos > pos - window)), float("-inf"))
+        out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values).to(query.dtype)
+    return out
+
+
+@pytest.mark.parametrize("window", [8, 21])
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_paged_attention_sliding_window_never_reads_behind_the_window(batch, window):
+    """The reference and the kernel against the dense definition; the blocks wholly behind each sequence's
+    window hold huge values (the engine reuses freed blocks), so reading one would show."""
+    query_lens, context_lens = BATCHES[batch]
+    block_size, head_size = 16, 16
+    key_cache, value_cache, block_tables, seq_lens, qsl = make_batch(query_lens, context_lens, block_size, 2,
+                                                                      head_size, torch.float32)
+    query = randn(sum(query_lens), 8, head_size)
+    expected = dense_window_attention(query, key_cache, value_cache, block_tables, seq_lens, qsl, 0.3, window)
+    for i, (context, _) in enumerate(zip(context_lens, query_lens)):
+        behind = max(0, context - window + 1) // block_size
+        key_cache[block_tables[i, :behind]] = 1e4
+        value_cache[block_tables[i, :behind]] = 1e4
+    args = (query, key_cache, value_cache, block_tables, seq_lens, qsl, max(query_lens), int(seq_lens.max()), 0.3)
+    torch.testing.assert_close(REF["paged_attention"](*args, sliding_window=window), expected, **tol(torch.float32))
+    torch.testing.assert_close(kernel("paged_attention")(*args, sliding_window=window), expected, **tol(torch.float32))
+
+
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_reshape_and_cache_matches_reference(block_size):
     num_tokens, num_kv_heads, head_size, num_blocks = 11, 2, 16, 4
@@ -154,3 +191,33 @@ def test_rotary_embedding_in_place_on_qkv_slices(head_size, rotary_dim):
 def test_silu_and_mul(shape):
     x = randn(*shape)
     torch.testing.assert_close(kernel("silu_and_mul")(x), REF["silu_and_mul"](x), **tol(x.dtype))
+
+
+@pytest.mark.parametrize("shape", [(7, 80), (2, 3, 32)])
+def test_gelu_tanh_and_mul(shape):
+    x = randn(*shape) * 3  # into the tails, where tanh saturates
+    torch.testing.assert_close(kernel("gelu_tanh_and_mul")(x), REF["gelu_tanh_and_mul"](x), **tol(x.dtype))
+
+
+def naive_moe(x, w13, w2, topk_weights, topk_ids):
+    """Token by token, expert by expert: the definition."""
+    inter = w2.shape[2]
+    out = torch.zeros_like(x, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for weight, e in zip(topk_weights[t].tolist(), topk_ids[t].tolist()):
+            h = w13[e].float() @ x[t].float()
+            out[t] += weight * (w2[e].float() @ (torch.nn.functional.silu(h[:inter]) * h[inter:]))
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (37, 8, 2), (20, 4, 3)])
+def test_fused_moe_matches_reference_and_definition(num_tokens, num_experts, top_k):
+    from kernelcore.layers.fused_moe import select_experts
+
+    hidden, inter = 48, 40  # neither a power of two: masked tiles
+    x = randn(num_tokens, hidden)
+    w13, w2 = randn(num_experts, 2 * inter, hidden) * 0.2, randn(num_experts, hidden, inter) * 0.2
+    weights, ids = select_experts(randn(num_tokens, num_experts), top_k, renormalize=True)
+    expected = naive_moe(x, w13, w2, weights, ids)
+    torch.testing.assert_close(REF["fused_moe"](x, w13, w2, weights, ids), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kernel("fused_moe")(x, w13, w2, weights, ids), expected, atol=1e-4, rtol=1e-4)

@@ -3,6 +3,7 @@
 Cache layout (get_kv_cache_shape): [2, num_blocks, num_kv_heads, block_size, head_size], the keys of each
 (block, kv head) stored transposed as [head_size, block_size]. Decode runs the native kernel
 (builtin_plugins/cpu/native.py) when it could be built, torch ops otherwise; prefill runs torch's flash kernel.
+A sliding-window layer reads only the blocks its window reaches (the engine frees the ones behind it).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class CpuAttentionImpl(AttentionImpl):
                 continue
             s, seq_len = starts[i], seq_lens[i]
             context_len = seq_len - num_q
+            if self.sliding_window is not None:
+                out[s:s + num_q] = self._windowed_chunk(q[s:s + num_q], k[s:s + num_q], v[s:s + num_q], keys_t,
+                                                        v_cache, metadata.block_tables[i], context_len)
+                continue
             if context_len == 0:
                 out[s:s + num_q] = self._causal(q[s:s + num_q], k[s:s + num_q], v[s:s + num_q])
                 continue
@@ -129,14 +134,42 @@ class CpuAttentionImpl(AttentionImpl):
         out = torch.empty_like(q)
         starts = metadata.query_start_loc.tolist()
         for s, e in zip(starts[:-1], starts[1:]):
-            out[s:e] = self._causal(q[s:e], k[s:e], v[s:e])
+            if self.sliding_window is not None:
+                out[s:e] = self._windowed(q[s:e], k[s:e], v[s:e])
+            else:
+                out[s:e] = self._causal(q[s:e], k[s:e], v[s:e])
         return out.view(q.shape[0], -1)
+
+    def _windowed_chunk(self, q, k, v, keys_t, v_cache, block_table, context_len):
+        """A prefill chunk of a sliding-window layer: the cached keys its first query still sees (from the
+        block holding position context_len - window + 1 on), then the chunk's own."""
+        window, block_size = self.sliding_window, v_cache.shape[2]
+        first = max(0, context_len - window + 1) // block_size
+        num_blocks = -(-context_len // block_size)
+        if num_blocks > first:
+            blocks = block_table[first:num_blocks]
+            length = context_len - first * block_size
+            k_prefix = keys_t[blocks].permute(0, 3, 1, 2).flatten(0, 1)[:length]  # [C, Hkv, D]
+            v_prefix = v_cache[blocks].transpose(1, 2).flatten(0, 1)[:length]
+            k, v = torch.cat([k_prefix, k]), torch.cat([v_prefix, v])
+        return self._windowed(q, k, v)
+
+    def _windowed(self, q, k, v):
+        """q [Lq, H, D] over consecutive keys k/v [Lk, Hkv, D] whose last Lq are the queries' own: an explicitly
+        masked attention, the query at p seeing keys p - window + 1 .. p."""
+        num_q, num_k = q.shape[0], k.shape[0]
+        q_pos = torch.arange(num_k - num_q, num_k)[:, None]
+        k_pos = torch.arange(num_k)[None, :]
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - self.sliding_window)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), self._heads_first(k), self._heads_first(v), attn_mask=mask, scale=self.scale)
+        return out.transpose(0, 1)
 
     def _decode(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):
         """One query per sequence: the native kernel reads each cached K/V row once, in place."""
         kernel = self._native(q.dtype)
         if kernel is not None:
-            return kernel(q, k_cache, v_cache, block_tables, seq_lens, self.scale)
+            return kernel(q, k_cache, v_cache, block_tables, seq_lens, self.scale, self.sliding_window)
         return self._decode_torch(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch)
 
     def _decode_torch(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):
@@ -144,20 +177,33 @@ class CpuAttentionImpl(AttentionImpl):
         [B, Hkv, L, D] values, then a masked matmul-softmax-matmul over the padded length."""
         num_seqs, (_, num_kv_heads, block_size, head_size) = q.shape[0], v_cache.shape
         num_blocks = -(-max_seq_len // block_size)
+        window = self.sliding_window
+        if window is not None:  # only the blocks the window reaches, from each sequence's first visible one
+            num_blocks = min(num_blocks, -(-window // block_size) + 1)
         length = num_blocks * block_size
-        key = ("decode_bias", max_seq_len, block_tables.data_ptr())
-        if key not in scratch:  # the length mask, once per step for all layers
+        key = ("decode_bias", max_seq_len, block_tables.data_ptr(), window)
+        if key not in scratch:  # the tables and the length (and window) mask, once per step for all layers
+            if window is None:
+                tables, positions = block_tables[:, :num_blocks], torch.arange(length)[None, :]
+            else:
+                first = (seq_lens - window).clamp_(min=0) // block_size
+                index = (first[:, None] + torch.arange(num_blocks)).clamp_(max=block_tables.shape[1] - 1)
+                tables = block_tables.gather(1, index)
+                positions = first[:, None] * block_size + torch.arange(length)
+            hidden = positions >= seq_lens[:, None]
+            if window is not None:
+                hidden |= positions < seq_lens[:, None] - window
             bias = torch.zeros(num_seqs, 1, 1, length, dtype=q.dtype)
-            bias.masked_fill_((torch.arange(length)[None, :] >= seq_lens[:, None])[:, None, None, :], float("-inf"))
-            scratch[key] = bias
-        bias, keys_t = scratch[key], _keys_transposed(k_cache)
+            bias.masked_fill_(hidden[:, None, None, :], float("-inf"))
+            scratch[key] = (tables, bias)
+        (tables, bias), keys_t = scratch[key], _keys_transposed(k_cache)
         qg = q.view(num_seqs, num_kv_heads, -1, head_size)  # GQA: a kv head's query group shares its keys
         out = torch.empty_like(qg)
         # Sequences in groups whose gathered K/V stay in cache (~2 MiB) between the gather and the matmuls.
         group = max(1, self.group_bytes // (2 * num_kv_heads * length * head_size * q.element_size()))
         for s in range(0, num_seqs, group):
             e = min(s + group, num_seqs)
-            blocks = block_tables[s:e, :num_blocks]
+            blocks = tables[s:e]
             keys = keys_t[blocks].permute(0, 2, 3, 1, 4).reshape(e - s, num_kv_heads, head_size, length)
             values = v_cache[blocks].transpose(1, 2).reshape(e - s, num_kv_heads, length, head_size)
             scores = torch.matmul(qg[s:e], keys).mul_(self.scale).add_(bias[s:e])
@@ -172,6 +218,8 @@ def _keys_transposed(k_cache: torch.Tensor) -> torch.Tensor:
 
 
 class CpuAttentionBackend(AttentionBackend):
+    supports_sliding_window = True
+
     @staticmethod
     def get_name() -> str:
         return "CPU_SDPA"

@@ -40,7 +40,7 @@ class PagedDecodeKernel:
         self._fn = library.kc_paged_decode
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         self._fn.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64,
-                             ctypes.c_float, ctypes.c_int]
+                             ctypes.c_float, i64, ctypes.c_int]
         self._fn.restype = ctypes.c_int
         self._write = library.kc_write_kv
         self._write.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64,
@@ -74,10 +74,11 @@ class PagedDecodeKernel:
         return dtype in DTYPE_CODES
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                 seq_lens: torch.Tensor, scale: float, sliding_window: int | None = None) -> torch.Tensor:
         """q [B, H, D]; k/v_cache [num_blocks, Hkv, block_size, D] (the key cache's blocks hold each head's
         keys transposed, [D, block_size]: see CpuAttentionBackend); block_tables [B, max_blocks] and seq_lens
-        [B] int64 -> [B, H, D]."""
+        [B] int64 -> [B, H, D]. ``sliding_window``: each query sees its last N positions only (the blocks
+        before them are not read, so their table entries may be stale)."""
         # Raw pointers cross into C++: check what would otherwise read out of bounds.
         if not (k_cache.dtype == v_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
                 and k_cache.shape == v_cache.shape and k_cache.shape[3] == q.shape[2]
@@ -91,7 +92,7 @@ class PagedDecodeKernel:
         status = self._fn(DTYPE_CODES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                           block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads,
                           k_cache.shape[1], head_size, k_cache.shape[2], block_tables.shape[1], k_cache.shape[0],
-                          scale, torch.get_num_threads())
+                          scale, sliding_window or 0, torch.get_num_threads())
         if status == -2:
             raise ValueError("paged decode: a block table points outside the KV cache or is too short")
         if status != 0:

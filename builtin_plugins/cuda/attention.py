@@ -28,9 +28,10 @@ class TritonAttentionImpl(AttentionImpl):
             kernel_table.get("reshape_and_cache")(k, v, key_cache, value_cache, metadata.slot_mapping)
             block_tables, seq_lens = metadata.block_tables, metadata.seq_lens
         out = torch.empty(num_tokens, self.num_heads, self.head_size, dtype=q.dtype, device=q.device)
+        window = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
         kernel_table.get("paged_attention")(q, key_cache, value_cache, block_tables, seq_lens,
                                             metadata.query_start_loc, metadata.max_query_len, metadata.max_seq_len,
-                                            self.scale, out=out)
+                                            self.scale, out=out, **window)
         return out.view(num_tokens, -1)
 
     @staticmethod
@@ -45,6 +46,8 @@ class TritonAttentionImpl(AttentionImpl):
 
 
 class TritonAttentionBackend(AttentionBackend):
+    supports_sliding_window = True
+
     @staticmethod
     def get_name() -> str:
         return "TRITON_PAGED"

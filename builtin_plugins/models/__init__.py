@@ -2,9 +2,20 @@
 
 from kernelcore import hookimpl
 
+# architecture -> "module:class"; the string form imports a model module only when its architecture is asked for
+ARCHITECTURES = {
+    "OPTForCausalLM": "builtin_plugins.models.opt:OPTForCausalLM",
+    "LlamaForCausalLM": "builtin_plugins.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "builtin_plugins.models.qwen:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "builtin_plugins.models.qwen:Qwen3ForCausalLM",
+    "MistralForCausalLM": "builtin_plugins.models.mistral:MistralForCausalLM",
+    "Phi3ForCausalLM": "builtin_plugins.models.phi3:Phi3ForCausalLM",
+    "Gemma3ForCausalLM": "builtin_plugins.models.gemma3:Gemma3ForCausalLM",
+    "Qwen3MoeForCausalLM": "builtin_plugins.models.qwen3_moe:Qwen3MoeForCausalLM",
+}
+
 
 @hookimpl
 def register_models(registry) -> None:
-    # String form: a model module is imported only when its architecture is asked for.
-    registry.register_model("OPTForCausalLM", "builtin_plugins.models.opt:OPTForCausalLM")
-    registry.register_model("LlamaForCausalLM", "builtin_plugins.models.llama:LlamaForCausalLM")
+    for architecture, target in ARCHITECTURES.items():
+        registry.register_model(architecture, target)

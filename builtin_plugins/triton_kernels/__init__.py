@@ -20,6 +20,8 @@ KERNELS = {
     "fused_add_rms_norm": "norm:fused_add_rms_norm",
     "rotary_embedding": "rotary:rotary_embedding",
     "silu_and_mul": "activation:silu_and_mul",
+    "gelu_tanh_and_mul": "activation:gelu_tanh_and_mul",
+    "fused_moe": "moe:fused_moe",
 }
 MISSING_TRITON = "the Triton kernels need triton, which is not installed: pip install 'kernelcore[cuda]'"
 

@@ -5,7 +5,9 @@ NUM_QUERIES_PER_KV query heads sharing a kv head (GQA packed into the M dimensio
 feed tl.dot 16 rows). Tiles are numbered ``query_start_loc[i] // BLOCK_Q + i + j``: an upper bound of
 ``num_tokens // BLOCK_Q + num_seqs`` programs, each finding its sequence by binary search, no host sync.
 Keys are read TILE_N at a time through the block table (any block size), with an online softmax in fp32
-(exp2), fp32 accumulation, and the causal limit ``key position <= context_len + query index``.
+(exp2), fp32 accumulation, and the causal limit ``key position <= context_len + query index``. With a
+sliding window W (a compile-time constant) a query at p also needs ``key position > p - W``, and the key loop
+starts at the tile's first visible key: the blocks behind the window are never read.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def _paged_attention_kernel(
         num_seqs, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_k_block, stride_k_slot,
         stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt,
         NUM_QUERIES_PER_KV: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_SIZE_PADDED: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr):
+        BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
+        SLIDING_WINDOW: tl.constexpr):
     q_tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q)
@@ -62,7 +65,10 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED], tl.float32)
     qk_scale = scale * 1.4426950408889634  # softmax in base 2
     num_keys = tl.minimum(context_len + (tile_in_seq + 1) * BLOCK_Q, seq_len)  # the tile's last row sees these
-    for start in range(0, num_keys, TILE_N):
+    first_key = 0
+    if SLIDING_WINDOW > 0:  # the tile's first row sees keys after context_len + tile_in_seq * BLOCK_Q - W
+        first_key = tl.maximum(context_len + tile_in_seq * BLOCK_Q - SLIDING_WINDOW + 1, 0)
+    for start in range(first_key, num_keys, TILE_N):
         n = start + tl.arange(0, TILE_N)
         n_ok = n < num_keys
         block = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0)
@@ -70,7 +76,10 @@ def _paged_attention_kernel(
         k = tl.load(k_cache_ptr + (block * stride_k_block + slot * stride_k_slot + kv_head * stride_k_head)[None, :]
                     + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
         s = tl.dot(q, k) * qk_scale
-        s = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
+        visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        if SLIDING_WINDOW > 0:
+            visible = visible & (n[None, :] > q_pos[:, None] - SLIDING_WINDOW)
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
         p = tl.exp2(s - m_safe[:, None])
@@ -86,7 +95,7 @@ def _paged_attention_kernel(
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len,
-                    max_seq_len, scale, out=None):
+                    max_seq_len, scale, out=None, sliding_window=None):
     """query [T, H, D]; caches [num_blocks, block_size, Hkv, D] -> out [T, H, D] (see kernelcore.kernels)."""
     num_tokens, num_heads, head_size = query.shape
     num_seqs, block_size, num_kv_heads = seq_lens.shape[0], key_cache.shape[1], key_cache.shape[2]
@@ -108,5 +117,5 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query
         key_cache.stride(2), value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0), NUM_QUERIES_PER_KV=queries_per_kv, HEAD_SIZE=head_size,
         HEAD_SIZE_PADDED=head_size_padded, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        TILE_N=tile_n, num_warps=4, num_stages=2)
+        TILE_N=tile_n, SLIDING_WINDOW=sliding_window or 0, num_warps=4, num_stages=2)
     return out

@@ -8,6 +8,8 @@ from kernelcore.attention.metadata import AttentionMetadata
 
 
 class AttentionImpl:
+    sliding_window: int | None = None  # set by the Attention layer: attend to the last N positions only
+
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
         self.num_heads, self.head_size, self.scale, self.num_kv_heads = num_heads, head_size, scale, num_kv_heads
 
@@ -22,6 +24,8 @@ class AttentionImpl:
 
 
 class AttentionBackend:
+    supports_sliding_window = False  # True: the impl honours ``sliding_window`` (else such models are refused)
+
     @staticmethod
     def get_name() -> str:
         raise NotImplementedError

@@ -14,6 +14,7 @@ class AttentionSelector:
     dtype: str  # "float32", "bfloat16", ...
     block_size: int
     kv_cache_dtype: str = "auto"
+    sliding_window: int | None = None  # the layer attends to its last N positions only
 
 
 @functools.cache

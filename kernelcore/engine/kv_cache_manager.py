@@ -1,4 +1,8 @@
-"""Paged KV block allocation with prefix caching: hashed full blocks, refcounts, LRU eviction."""
+"""Paged KV block allocation with prefix caching: hashed full blocks, refcounts, LRU eviction.
+
+With a sliding window (every layer of the model attends to its last ``sliding_window`` positions only) the
+blocks wholly behind the window of a request's next token are freed as it advances; their entries in the
+request's block table become NULL_BLOCK (the attention backends never read them)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ from collections import OrderedDict
 from kernelcore.engine.request import Request
 
 
+NULL_BLOCK = -1
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -19,10 +26,13 @@ def hash_block(parent: bytes, token_ids: list[int], lora_id: int) -> bytes:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
-        assert num_blocks > 0 and block_size > 0
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: int | None = None) -> None:
+        assert num_blocks > 0 and block_size > 0 and (sliding_window is None or sliding_window > 0)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.sliding_window = sliding_window
+        self.num_window_freed = 0  # blocks freed behind the sliding window, in total
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
@@ -71,6 +81,7 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
         """Give ``request`` blocks for ``num_new_tokens`` more tokens (after the cached ``computed_blocks``)."""
+        self.free_behind_window(request)
         if not self.can_allocate(request, num_new_tokens, computed_blocks):
             return False
         for block_id in computed_blocks:
@@ -86,6 +97,31 @@ class KVCacheManager:
             self.ref_counts[block_id] = 1
             request.block_ids.append(block_id)
         return True
+
+    def free_behind_window(self, request: Request) -> int:
+        """Free the request's blocks that no query from its next token on can see; returns how many."""
+        if self.sliding_window is None:
+            return 0
+        first_visible = max(0, request.num_computed_tokens - self.sliding_window + 1)
+        num_behind = min(first_visible // self.block_size, len(request.block_ids))
+        freed = 0
+        for i in range(request.num_window_freed, num_behind):
+            block_id = request.block_ids[i]
+            if block_id != NULL_BLOCK:
+                self._release(block_id)
+                request.block_ids[i] = NULL_BLOCK
+                freed += 1
+        request.num_window_freed = max(request.num_window_freed, num_behind)
+        self.num_window_freed += freed
+        return freed
+
+    def _release(self, block_id: int) -> None:
+        self.ref_counts[block_id] -= 1
+        assert self.ref_counts[block_id] >= 0, f"block {block_id} freed twice"
+        if self.ref_counts[block_id] == 0:
+            self.free_blocks[block_id] = None
+            if self.block_hash[block_id] is None:
+                self.free_blocks.move_to_end(block_id, last=False)
 
     def _evict(self, block_id: int) -> None:
         block_hash = self.block_hash[block_id]
@@ -104,7 +140,7 @@ class KVCacheManager:
         hashes = self.hash_blocks(request)
         for i in range(request.num_cached_blocks, num_full):
             block_id, block_hash = request.block_ids[i], hashes[i]
-            if self.block_hash[block_id] is None and block_hash not in self.cached_blocks:
+            if block_id != NULL_BLOCK and self.block_hash[block_id] is None and block_hash not in self.cached_blocks:
                 self.block_hash[block_id] = block_hash
                 self.cached_blocks[block_hash] = block_id
         request.num_cached_blocks = num_full
@@ -112,14 +148,11 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         # Tail blocks first, so a shared prefix is evicted last; uncached blocks are reused before cached ones.
         for block_id in reversed(request.block_ids):
-            self.ref_counts[block_id] -= 1
-            assert self.ref_counts[block_id] >= 0, f"block {block_id} freed twice"
-            if self.ref_counts[block_id] == 0:
-                self.free_blocks[block_id] = None
-                if self.block_hash[block_id] is None:
-                    self.free_blocks.move_to_end(block_id, last=False)
+            if block_id != NULL_BLOCK:
+                self._release(block_id)
         request.block_ids = []
         request.num_cached_blocks = 0
+        request.num_window_freed = 0
 
     def reset_prefix_cache(self) -> bool:
         if len(self.free_blocks) != self.num_blocks:

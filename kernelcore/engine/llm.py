@@ -13,19 +13,10 @@ from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
 from kernelcore.engine.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
-from kernelcore.engine.tokenizer import encode_chat, encode_prompt, eos_token_id, get_tokenizer
+from kernelcore.engine.tokenizer import encode_chat, encode_prompt, eos_token_id, try_get_tokenizer
 
 PromptType = str | dict[str, Any]
 logger = logging.getLogger("kernelcore.llm")
-
-
-def _try_tokenizer(path: str):
-    try:
-        return get_tokenizer(path)
-    except Exception as exc:  # a checkpoint without tokenizer files: token-id prompts only, no text
-        logger.warning("No tokenizer loaded from %s (%s): only token-id prompts work and outputs have no text",
-                       path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return None
 
 
 class LLM:
@@ -38,7 +29,7 @@ class LLM:
         self.config = build_config(model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
                                    block_size=block_size, kv_cache_memory=kv_cache_memory, dtype=dtype,
                                    hf_overrides=hf_overrides, seed=seed, **kwargs)
-        self.tokenizer = _try_tokenizer(self.config.model.tokenizer or self.config.model.model)
+        self.tokenizer = try_get_tokenizer(self.config.model.tokenizer or self.config.model.model)
         self.eos_token_id = eos_token_id(self.tokenizer, load_hf_config(self.config.model))
         # multiprocess=True runs the scheduler and model in the engine-core process (the server's topology);
         # the default keeps them in this process, which needs no `if __name__ == "__main__":` guard.

@@ -62,6 +62,7 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []
         self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
+        self.num_window_freed = 0  # leading blocks freed behind the sliding window (NULL_BLOCK in block_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -24,7 +24,8 @@ class Scheduler:
         self.max_model_len = config.model.max_model_len
         self.max_loras = config.lora.max_loras if config.lora.enable_lora else 0
         self.lora_names: dict[int, str] = {}  # adapters the workers know: id -> name
-        self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching,
+                                 config.cache.sliding_window)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

@@ -46,14 +46,51 @@ def eos_token_id(tokenizer, hf_config=None) -> int | None:
     return eos
 
 
-def try_get_tokenizer(path: str):
-    """The tokenizer, or None for a checkpoint without tokenizer files (token-id prompts only, no text)."""
-    import logging
+# What transformers reads a tokenizer from: vocabulary files (any one of them, or vocab.json with merges.txt)
+# and the files that only configure one.
+VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "tekken.json", "vocab.json", "merges.txt",
+               "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
-    try:
-        return get_tokenizer(path)
-    except Exception as exc:
+
+class TokenizerError(RuntimeError):
+    """A checkpoint ships tokenizer files that cannot be loaded: serving it would not read text."""
+
+
+def tokenizer_files(path: str) -> list[str]:
+    import glob
+    import os
+
+    names = [n for n in VOCAB_FILES + CONFIG_FILES if os.path.isfile(os.path.join(path, n))]
+    return names + sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.tiktoken")))
+
+
+def try_get_tokenizer(path: str):
+    """The tokenizer; None for a checkpoint with no tokenizer files at all (token-id prompts only, no text).
+
+    Raises TokenizerError naming the files found and what is missing when there are tokenizer files but
+    none of them loads (a missing library, a vocabulary-less tokenizer_config.json, a corrupt file)."""
+    import logging
+    import os
+
+    found = tokenizer_files(path) if os.path.isdir(path) else []
+    if os.path.isdir(path) and not found:
         logging.getLogger("kernelcore.engine").warning(
-            "No tokenizer loaded from %s (%s): only token-id prompts work and outputs have no text",
-            path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            "No tokenizer files in %s (looked for %s): only token-id prompts work and outputs have no text",
+            path, ", ".join(VOCAB_FILES[:3]) + ", *.tiktoken, ...")
         return None
+    has_vocab = not os.path.isdir(path) or any(n in VOCAB_FILES or n.endswith(".tiktoken") for n in found)
+    missing = "" if has_vocab else (" Missing: a vocabulary file (tokenizer.json, tokenizer.model, vocab.json with "
+                                    "merges.txt, vocab.txt or *.tiktoken).")
+    try:
+        tokenizer = get_tokenizer(path)
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TokenizerError(f"cannot load the tokenizer of {path}: found {', '.join(found) or 'no files'}.{missing} "
+                             f"transformers said: {reason}") from exc
+    # transformers builds a tokenizer of special tokens only from a bare tokenizer_config.json: refuse it too.
+    special = set(getattr(tokenizer, "all_special_ids", None) or [])
+    if not has_vocab or not set(tokenizer("Hello world", add_special_tokens=False)["input_ids"]) - special:
+        raise TokenizerError(f"cannot load the tokenizer of {path}: found {', '.join(found)}, but the tokenizer it "
+                             f"builds encodes no text.{missing}")
+    return tokenizer

@@ -210,6 +210,12 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         if not hasattr(executor_cls, "run_headless"):
             raise click.UsageError(f"executor backend {executor_cls.__name__} does not run headless nodes")
         sys.exit(executor_cls.run_headless(config))
+    from kernelcore.engine.tokenizer import TokenizerError, try_get_tokenizer
+
+    try:  # before any engine process starts: a checkpoint whose tokenizer cannot load is not served
+        try_get_tokenizer(config.model.tokenizer or config.model.model)
+    except TokenizerError as exc:
+        raise click.ClickException(str(exc)) from None
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,

@@ -1,4 +1,4 @@
-"""SiluAndMul: the SwiGLU gate, ``silu(x[:, :d]) * x[:, d:]``."""
+"""SiluAndMul: the SwiGLU gate, ``silu(x[:, :d]) * x[:, d:]``; GeluAndMul: GeGLU, with tanh-approximated GELU."""
 
 from __future__ import annotations
 
@@ -21,3 +21,19 @@ class SiluAndMul(CustomOp):
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         return kernel_table.get("silu_and_mul")(x)
+
+
+@CustomOp.register("gelu_tanh_and_mul")
+class GeluAndMul(CustomOp):
+    """``gelu_tanh(x[:, :d]) * x[:, d:]`` (Gemma's ``gelu_pytorch_tanh`` gate)."""
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate="tanh").mul_(x[..., d:])
+
+    def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        return kernel_table.get("gelu_tanh_and_mul")(x)

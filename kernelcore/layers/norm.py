@@ -1,4 +1,4 @@
-"""RMSNorm (with an optional fused residual add) and LayerNorm as custom ops."""
+"""RMSNorm (with an optional fused residual add), Gemma's (1 + w) RMSNorm and LayerNorm as custom ops."""
 
 from __future__ import annotations
 
@@ -42,6 +42,30 @@ class RMSNorm(CustomOp):
         if residual is None:
             return kernel_table.get("rms_norm")(x, self.weight, self.eps)
         return kernel_table.get("fused_add_rms_norm")(x, residual, self.weight, self.eps)
+
+
+@CustomOp.register("gemma_rms_norm")
+class GemmaRMSNorm(CustomOp):
+    """Gemma's RMSNorm: the weight is stored as an offset from 1, and the product is taken in float32 before
+    the cast (``(x * (1 + w)).to(dtype)``, where Llama's casts first)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(x.float(), (self.hidden_size,), None, self.eps)
+        return h.mul_(1.0 + self.weight.float()).to(x.dtype)
+
+    def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        # The rms_norm kernel multiplies after its cast: equal in float32, within rounding in bfloat16.
+        return kernel_table.get("rms_norm")(x, 1.0 + self.weight, self.eps)
 
 
 @CustomOp.register("layer_norm")

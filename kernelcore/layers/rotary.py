@@ -42,6 +42,14 @@ def _build_cache(base: float, rotary_dim: int, max_position: int, scaling: dict[
         return _cos_sin(inv_freq / scaling["factor"], torch.arange(max_position))
     if kind == "llama3":
         return _cos_sin(_llama3_inv_freq(inv_freq, scaling), torch.arange(max_position))
+    if kind in ("longrope", "su"):
+        # Phi-3's LongRoPE: per-frequency factors, the long ones when the served length exceeds the pretrained
+        # one (chosen once for the whole cache, so cached keys never change rotation), cos/sin scaled by the
+        # attention factor (given, or from the length ratio).
+        native = scaling["original_max_position_embeddings"]
+        factors = scaling["long_factor"] if max_position > native else scaling["short_factor"]
+        cache = _cos_sin(inv_freq / torch.tensor(factors, dtype=torch.float32), torch.arange(max_position))
+        return cache * scaling.get("attention_factor", 1.0)
     if kind == "dynamic":
         # transformers' dynamic NTK: unscaled within the native length, then the base grows with the
         # length; positions past it use the base of the longest supported length (as vLLM does).
@@ -51,7 +59,7 @@ def _build_cache(base: float, rotary_dim: int, max_position: int, scaling: dict[
         long_base = base * ((factor * long_len / native) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
         return torch.cat([_cos_sin(inv_freq, torch.arange(native)),
                           _cos_sin(_inv_freq(long_base, rotary_dim), torch.arange(native, max(long_len, max_position)))])
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, dynamic, llama3)")
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, dynamic, llama3, longrope)")
 
 
 @CustomOp.register("rotary_embedding")

@@ -89,12 +89,13 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> N
 
 def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                 stacked_params_mapping: list[tuple[str, str, object]] = (),
-                rename: Callable[[str], str | None] | None = None) -> set[str]:
+                rename: Callable[[str], str | None] | None = None, loaded_elsewhere: set[str] = frozenset()) -> set[str]:
     """Copy checkpoint tensors into ``model`` through each parameter's ``weight_loader``.
 
     ``stacked_params_mapping`` holds (fused param part, checkpoint part, shard id), e.g.
     ("qkv_proj", "q_proj", "q"). Raises naming the tensor on a shape mismatch, and
-    naming the parameters the checkpoint did not provide.
+    naming the parameters the checkpoint did not provide. ``loaded_elsewhere``: parameters the caller
+    fills itself while ``weights`` is consumed (e.g. per-expert tensors), not missing at the end.
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -123,8 +124,9 @@ def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
         from kernelcore.pipeline import get_pp_group
 
         # a pipeline stage skips the other stages' tensors by design
-        (logger.warning if get_pp_group().num_stages == 1 else logger.debug)("ignored %d checkpoint tensors with no matching parameter: %s", len(unexpected), unexpected[:8])
-    missing = sorted(set(params) - loaded)
+        (logger.warning if get_pp_group().num_stages == 1 else logger.debug)(
+            "ignored %d checkpoint tensors with no matching parameter: %s", len(unexpected), unexpected[:8])
+    missing = sorted(set(params) - loaded - set(loaded_elsewhere))
     if missing:
         raise ValueError(f"checkpoint does not provide {len(missing)} parameters: {missing[:10]}")
     return loaded

@@ -6,7 +6,8 @@
 // (GQA); key cache [num_blocks, num_kv_heads, head_size, block_size] (transposed within a block, so a query
 // meets a whole block of keys in one vector step), value cache [num_blocks, num_kv_heads, block_size,
 // head_size]; block_tables [num_seqs, max_blocks] and seq_lens [num_seqs] int64. Accumulation is float32
-// for both float32 and bfloat16 inputs.
+// for both float32 and bfloat16 inputs. With a sliding window W > 0 a query at position p sees positions
+// p - W + 1 .. p only: blocks wholly before that are neither read nor checked (the engine may have freed them).
 #include <omp.h>
 
 #include <algorithm>
@@ -41,7 +42,13 @@ inline void store(uint16_t* dst, float x) {
 struct Shape {
   int64_t num_heads, num_kv_heads, head_size, block_size, max_blocks;
   float scale;
+  int64_t window;  // 0: the whole sequence
 };
+
+// The first position a decode query at seq_len - 1 sees.
+inline int64_t first_visible(const Shape& s, int64_t seq_len) {
+  return s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
+}
 
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
@@ -120,17 +127,19 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
   constexpr int GB = NV <= 4 ? 4 : 2;  // query rows per pass over a block: GB * NV accumulators in registers
   const int64_t group = s.num_heads / s.num_kv_heads, num_rows = num_item_heads * group;
   const int64_t block_stride = s.num_kv_heads * slab;  // one block holds every kv head's slab
-  const int64_t stride = (seq_len + bs - 1) / bs * bs;  // a score row per query head, whole blocks
+  // Scores cover whole blocks from the first visible one: position t is column t - base.
+  const int64_t start = first_visible(s, seq_len), first_block = start / bs, base = first_block * bs;
+  const int64_t stride = (seq_len - base + bs - 1) / bs * bs;  // a score row per query head
   for (int64_t i = 0; i < num_rows * hs; ++i) qf[i] = to_float(q[i]) * s.scale;
 
-  // Pass 1: scores[h * group + g, t] = q . k_t
-  for (int64_t t0 = 0, b = 0; t0 < seq_len; t0 += bs, ++b) {
+  // Pass 1: scores[h * group + g, t - base] = q . k_t
+  for (int64_t t0 = base, b = first_block; t0 < seq_len; t0 += bs, ++b) {
     for (int64_t h = 0; h < num_item_heads; ++h) {
       const T* kt = k_cache + block_table[b] * block_stride + h * slab;
       for (int64_t g = 0; g < group; g += GB) {
         const int64_t row = h * group + g;
         const float* qr = qf + row * hs;
-        float* sr = scores + row * stride + t0;
+        float* sr = scores + row * stride + (t0 - base);
         switch (std::min<int64_t>(GB, group - g)) {
           case 1: block_scores<1, NV, NB>(kt, qr, sr, stride); break;
           case 2: block_scores<2, NV, NB>(kt, qr, sr, stride); break;
@@ -141,18 +150,20 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
     }
   }
   float inv_sum[1024];
-  softmax_numerators(scores, stride, num_rows, seq_len, inv_sum);
+  const int64_t skip = start - base;  // the first block's positions before the window
+  softmax_numerators(scores + skip, stride, num_rows, seq_len - start, inv_sum);
+  for (int64_t row = 0; row < num_rows; ++row) std::fill(scores + row * stride, scores + row * stride + skip, 0.f);
 
   // Pass 2: out[row] = sum_t p[row, t] v_t / sum, accumulated in qf (no longer needed) between blocks.
   float* acc = qf;
   std::fill(acc, acc + num_rows * hs, 0.f);
-  for (int64_t t0 = 0, b = 0; t0 < seq_len; t0 += bs, ++b) {
+  for (int64_t t0 = base, b = first_block; t0 < seq_len; t0 += bs, ++b) {
     const int64_t n = std::min(bs, seq_len - t0);
     for (int64_t h = 0; h < num_item_heads; ++h) {
       const T* vb = v_cache + block_table[b] * block_stride + h * slab;
       for (int64_t g = 0; g < group; g += GB) {
         const int64_t row = h * group + g;
-        const float* pr = scores + row * stride + t0;
+        const float* pr = scores + row * stride + (t0 - base);
         float* ar = acc + row * hs;
         switch (std::min<int64_t>(GB, group - g)) {
           case 1: block_values<1, NV>(vb, n, pr, stride, ar); break;
@@ -174,27 +185,28 @@ void decode_one_head(const T* q, const T* k_cache, const T* v_cache, const int64
   const int64_t hs = s.head_size, bs = s.block_size;
   const int64_t group = s.num_heads / s.num_kv_heads;
   const int64_t block_stride = s.num_kv_heads * hs * bs;
+  const int64_t start = first_visible(s, seq_len), len = seq_len - start;  // scores[g, t - start]
   for (int64_t i = 0; i < group * hs; ++i) qf[i] = to_float(q[i]) * s.scale;
-  for (int64_t t0 = 0, b = 0; t0 < seq_len; t0 += bs, ++b) {
+  for (int64_t t0 = start / bs * bs, b = start / bs; t0 < seq_len; t0 += bs, ++b) {
     const T* kt = k_cache + block_table[b] * block_stride;
     const int64_t n = std::min(bs, seq_len - t0);
     for (int64_t g = 0; g < group; ++g)
-      for (int64_t i = 0; i < n; ++i) {
+      for (int64_t i = std::max<int64_t>(0, start - t0); i < n; ++i) {
         float dot = 0.f;
         for (int64_t d = 0; d < hs; ++d) dot += qf[g * hs + d] * to_float(kt[d * bs + i]);
-        scores[g * seq_len + t0 + i] = dot;
+        scores[g * len + t0 + i - start] = dot;
       }
   }
   float inv_sum[64];
-  softmax_numerators(scores, seq_len, group, seq_len, inv_sum);
+  softmax_numerators(scores, len, group, len, inv_sum);
   for (int64_t g = 0; g < group; ++g) {
     float* acc = qf + g * hs;  // q is no longer needed: its buffer holds the output row
     std::fill(acc, acc + hs, 0.f);
-    for (int64_t t0 = 0, b = 0; t0 < seq_len; t0 += bs, ++b) {
+    for (int64_t t0 = start / bs * bs, b = start / bs; t0 < seq_len; t0 += bs, ++b) {
       const T* vb = v_cache + block_table[b] * block_stride;
       const int64_t n = std::min(bs, seq_len - t0);
-      for (int64_t i = 0; i < n; ++i) {
-        const float p = scores[g * seq_len + t0 + i];
+      for (int64_t i = std::max<int64_t>(0, start - t0); i < n; ++i) {
+        const float p = scores[g * len + t0 + i - start];
         for (int64_t d = 0; d < hs; ++d) acc[d] += p * to_float(vb[i * hs + d]);
       }
     }
@@ -324,21 +336,22 @@ extern "C" int kc_write_kv(int dtype, const void* k, const void* v, int64_t k_to
 extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, const void* v_cache,
                                const int64_t* block_tables, const int64_t* seq_lens, void* out, int64_t num_seqs,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
-                               int64_t max_blocks, int64_t num_cache_blocks, float scale, int num_threads) {
+                               int64_t max_blocks, int64_t num_cache_blocks, float scale, int64_t window,
+                               int num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64) return -1;
-  if (num_heads > 1024 || block_size <= 0 || head_size <= 0 || dtype < 0 || dtype > 1) return -1;
+  if (num_heads > 1024 || block_size <= 0 || head_size <= 0 || dtype < 0 || dtype > 1 || window < 0) return -1;
+  const Shape s{num_heads, num_kv_heads, head_size, block_size, max_blocks, scale, window};
   // Every block a sequence reads must exist: a bad table is an error here, not a read out of bounds.
   int64_t max_seq_len = 0;
   for (int64_t seq = 0; seq < num_seqs; ++seq) {
     const int64_t num_blocks = (seq_lens[seq] + block_size - 1) / block_size;
     if (num_blocks > max_blocks) return -2;
-    for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int64_t b = first_visible(s, seq_lens[seq]) / block_size; b < num_blocks; ++b) {
       const int64_t block = block_tables[seq * max_blocks + b];
       if (block < 0 || block >= num_cache_blocks) return -2;
     }
     max_seq_len = std::max(max_seq_len, seq_lens[seq]);
   }
-  const Shape s{num_heads, num_kv_heads, head_size, block_size, max_blocks, scale};
   const DecodeOne decode_one = dtype == 0 ? pick<float>(s) : pick<uint16_t>(s);
   decode_all(decode_one, dtype == 0 ? 4 : 2, static_cast<const char*>(q), static_cast<const char*>(k_cache),
              static_cast<const char*>(v_cache), block_tables, seq_lens, static_cast<char*>(out), num_seqs,

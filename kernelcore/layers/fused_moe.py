@@ -1,0 +1,94 @@
+"""Mixture-of-experts: top-k routing and the experts' SwiGLU MLPs as one custom op.
+
+Each rank holds every expert's slice of the intermediate dimension (gate/up column-split, down row-split,
+the partial outputs all-reduced), so tensor parallelism splits the expert work evenly whatever the routing.
+On CPU the token-expert assignments are grouped by expert (one sort), each active expert runs one batched
+matmul pair over its tokens, and the weighted rows are summed back per token: a loop over the experts that
+received tokens, never over tokens. On CUDA the ``fused_moe`` kernel of the kernel table runs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernelcore.custom_op import CustomOp
+from kernelcore.distributed import get_tp_group
+from kernelcore.kernels import kernel_table
+from kernelcore.layers.linear import copy_checked, divide
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] in the logits' dtype, expert ids [T, k] int64): softmax over all experts in float32, the
+    top k, renormalised to sum to 1 when the checkpoint asks (Mixtral always, Qwen3-MoE by norm_topk_prob)."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor) -> torch.Tensor:
+    """sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k]; w13 [E, 2I, H], w2 [E, H, I]."""
+    num_tokens, top_k = topk_ids.shape
+    flat_ids = topk_ids.flatten()
+    order = torch.argsort(flat_ids, stable=True)  # assignments grouped by expert
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    token_of = order // top_k
+    rows = x[token_of]
+    out_rows = torch.empty(rows.shape[0], w2.shape[1], dtype=x.dtype, device=x.device)
+    inter = w2.shape[2]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            h = F.linear(rows[start:start + count], w13[expert])
+            h = F.silu(h[:, :inter]).mul_(h[:, inter:])
+            torch.mm(h, w2[expert].t(), out=out_rows[start:start + count])
+            start += count
+    out_rows.mul_(topk_weights.flatten()[order].unsqueeze(1))
+    return torch.zeros(num_tokens, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, token_of, out_rows)
+
+
+@CustomOp.register("fused_moe")
+class FusedMoE(CustomOp):
+    """``forward(x [T, H], router_logits [T, E]) -> [T, H]``; parameters w13_weight [E, 2I/tp, H] (gate rows,
+    then up rows) and w2_weight [E, H, I/tp], loaded per expert by ``weight_loader(param, w, expert, shard)``
+    with shard "w1" (gate), "w3" (up) or "w2" (down)."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool) -> None:
+        super().__init__()
+        tp = get_tp_group()
+        self.tp_rank, self.tp_size = tp.rank, tp.world_size
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.intermediate_per_rank = divide(intermediate_size, self.tp_size)
+        inter = self.intermediate_per_rank
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
+        self.w13_weight.weight_loader = self.w2_weight.weight_loader = self.weight_loader
+        self.loaded_shards: set[tuple[int, str]] = set()
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, expert: int, shard: str) -> None:
+        inter = self.intermediate_per_rank
+        if shard == "w2":  # [H, I]: this rank's columns
+            copy_checked(param.data[expert], loaded_weight.narrow(1, self.tp_rank * inter, inter))
+        else:  # [I, H]: this rank's rows, into the gate (w1) or up (w3) half
+            dst = param.data[expert].narrow(0, 0 if shard == "w1" else inter, inter)
+            copy_checked(dst, loaded_weight.narrow(0, self.tp_rank * inter, inter))
+        self.loaded_shards.add((expert, shard))
+
+    @property
+    def is_fully_loaded(self) -> bool:
+        return len(self.loaded_shards) == 3 * self.num_experts
+
+    def _reduce(self, out: torch.Tensor) -> torch.Tensor:
+        return get_tp_group().all_reduce(out) if self.tp_size > 1 else out
+
+    def forward_native(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
+        return self._reduce(grouped_experts(x, self.w13_weight, self.w2_weight, weights, ids))
+
+    def forward_cuda(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
+        return self._reduce(kernel_table.get("fused_moe")(x, self.w13_weight, self.w2_weight, weights, ids))
