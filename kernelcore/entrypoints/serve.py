@@ -73,6 +73,10 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--kv-cache-memory", env="KC_KV_CACHE_MEMORY", default=None, help="KV-cache size per rank, e.g. 2GiB.")
 @_opt("--dtype", env="KC_DTYPE", default=None, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
       help="Weight and activation dtype [default: float32].")
+@_opt("--quantization", "-q", env="KC_QUANTIZATION", default=None, show_default=False,
+      help="Quantize the weights at load: a method a plugin registered (built in: int8, weight-only per-channel).")
+@_opt("--num-threads", env="KC_NUM_THREADS", type=int, default=None, show_default=False,
+      help="Compute threads per worker [default: the CPU cores divided among the ranks].")
 @_opt("--hf-overrides", env="KC_HF_OVERRIDES", default=None, callback=_json_object,
       help='JSON object applied over the HF config, e.g. \'{"rope_theta": 20000}\'.')
 @_opt("--chat-template", env="KC_CHAT_TEMPLATE", default=None,
@@ -111,7 +115,8 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them.")
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
-              kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
+              kv_cache_memory: str | None, dtype: str | None, quantization: str | None, num_threads: int | None,
+              hf_overrides: dict | None, chat_template: str | None,
               trust_request_chat_template: bool, response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None,
               enable_endpoint_plugins: bool, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
@@ -131,13 +136,20 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         template = load_chat_template(chat_template)
     except (OSError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--chat-template") from None
+    if quantization is not None:
+        from kernelcore.quantization import check_quantization
+
+        try:
+            check_quantization(quantization)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--quantization") from None
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         logger.warning("Binding %s without --api-key: anyone who can reach this port can use the model", host)
     click.echo(f"Building the config for {model or 'the embedded default model'}...", err=True)
     config = build_config(
         model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
-        hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
+        quantization=quantization, num_threads=num_threads, hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
         max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
