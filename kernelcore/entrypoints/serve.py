@@ -83,11 +83,16 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Chat template: a file path or an inline Jinja string [default: the tokenizer's].")
 @_opt("--trust-request-chat-template", env="KC_TRUST_REQUEST_CHAT_TEMPLATE", is_flag=True, default=False,
       help="Let requests bring their own chat_template.")
+@_opt("--allow-special-tokens-in-content", env="KC_ALLOW_SPECIAL_TOKENS_IN_CONTENT", is_flag=True, default=False,
+      help="Tokenize special-token text inside chat messages as special tokens (by default it is plain text, "
+           "so a message cannot forge role markers or end-of-sequence).")
+@_opt("--max-choices", env="KC_MAX_CHOICES", type=int, default=64,
+      help="Most sequences one request may ask for (prompts x n).")
 @_opt("--response-role", env="KC_RESPONSE_ROLE", default="assistant", help="Role of generated chat messages.")
 @_opt("--served-model-name", env="KC_SERVED_MODEL_NAME", default=None,
       help="Name clients use for the model [default: the model directory's name].")
 @_opt("--api-key", env="KC_API_KEY", default=None, show_default=False,
-      help="Require 'Authorization: Bearer KEY' on every route except /health and /metrics.")
+      help="Require 'Authorization: Bearer KEY' on every route except /health, /ping and /metrics.")
 @_opt("--enable-prefix-caching/--no-enable-prefix-caching", env="KC_ENABLE_PREFIX_CACHING", default=None,
       show_default=False, help="Reuse KV blocks of shared prompt prefixes [default: on].")
 @_opt("--seed", env="KC_SEED", type=int, default=None, help="Engine random seed.")
@@ -111,18 +116,23 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--max-stop-string-length", env="KC_MAX_STOP_STRING_LENGTH", type=int, default=256,
       help="Longest stop string, in characters.")
 @_opt("--max-prompts", env="KC_MAX_PROMPTS", type=int, default=64, help="Most prompts in one completions request.")
+@_opt("--request-read-timeout", env="KC_REQUEST_READ_TIMEOUT", type=float, default=30.0,
+      help="Seconds a client may take to send a request's headers (then the connection is closed), and its body "
+           "(then 408); also how long an idle keep-alive connection stays open.")
 @_opt("--shutdown-timeout", env="KC_SHUTDOWN_TIMEOUT", type=float, default=10.0,
       help="Seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them.")
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
               kv_cache_memory: str | None, dtype: str | None, quantization: str | None, num_threads: int | None,
               hf_overrides: dict | None, chat_template: str | None,
-              trust_request_chat_template: bool, response_role: str, served_model_name: str | None,
+              trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
+              response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None,
               enable_endpoint_plugins: bool, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
-              max_stop_strings: int, max_stop_string_length: int, max_prompts: int, shutdown_timeout: float,
+              max_stop_strings: int, max_stop_string_length: int, max_prompts: int, request_read_timeout: float,
+              shutdown_timeout: float,
               **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
     OpenAI-compatible HTTP API. Platform plugins may add options of their own.
@@ -156,11 +166,14 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
-                      max_stop_string_length=max_stop_string_length, max_prompts=max_prompts),
+                      max_stop_string_length=max_stop_string_length, max_prompts=max_prompts,
+                      max_choices=max_choices),
         max_body_bytes=parse_size(max_request_body_bytes), chat_template=template,
-        trust_request_chat_template=trust_request_chat_template, response_role=response_role,
+        trust_request_chat_template=trust_request_chat_template,
+        allow_special_tokens_in_content=allow_special_tokens_in_content, response_role=response_role,
         enable_endpoint_plugins=enable_endpoint_plugins, lora_modules=lora_modules,
-        allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root)
+        allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
+        read_timeout=request_read_timeout)
     asyncio.run(run_server(config, options, host, port, shutdown_timeout))
     sys.exit(0)
 
@@ -188,7 +201,8 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
     try:
         app = await create_app(engine, options, prometheus)
         state = app[STATE]
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
+                               keepalive_timeout=options.read_timeout)  # also closes a half-sent request
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
