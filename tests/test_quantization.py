@@ -165,3 +165,30 @@ def test_int8_quality_vs_fp32_is_bounded(models, arch):
     assert kl.shape == (256,)
     # Measured: Llama 1.2e-4 / 3.1e-4 / 96.5%, OPT 4.6e-5 / 1.1e-4 / 98.0% (random weights: near-ties flip argmax).
     assert kl.mean().item() < 1e-3 and kl.max().item() < 3e-3 and top1 >= 0.9
+
+
+def test_kc_serve_refuses_an_unknown_method_naming_it():
+    from helpers import run_kc
+
+    result = run_kc("serve", "--quantization", "q4_k", check=False)
+    assert result.returncode == 2 and "unknown quantization method 'q4_k'" in result.stderr
+
+
+def test_a_vendor_plugin_adds_a_method_through_its_entry_point(models):
+    """kc_dummy_ops (a pip-installed test plugin) registers ``dummy_fp16`` in register_quantization_methods."""
+    from kernelcore import LLM, SamplingParams
+    from kernelcore.quantization import get_quantization_registry
+
+    assert get_quantization_registry().owners()["dummy_fp16"] == "dummy_ops"
+    base, _ = models["llama"]
+    tokens = prompt(20, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    out = {}
+    for method in (None, "dummy_fp16"):
+        llm = LLM(base, quantization=method, kv_cache_memory=1 << 24)
+        [o] = llm.generate([{"prompt_token_ids": tokens}], params, use_tqdm=False)
+        out[method] = [entry[t].logprob for entry, t in zip(o.prompt_logprobs[1:], tokens[1:])]
+        if method:
+            assert llm.engine_core.executor.worker.model_runner.model.lm_head.weight.dtype == torch.float16
+        llm.shutdown()
+    assert out["dummy_fp16"] == pytest.approx(out[None], abs=2e-2) and out["dummy_fp16"] != out[None]
