@@ -165,13 +165,15 @@ def llama_argv(binary: str, gguf: str, port: int, threads: int) -> list[str]:
 @click.option("--precisions", default="fp32,bf16,int8", show_default=True, help="Comma-separated: fp32,bf16,int8.")
 @click.option("--workloads", default="uniform,mixed,batch1", show_default=True)
 @click.option("--num-runs", type=int, default=3, show_default=True)
+@click.option("--engines", default="kc,llama", show_default=True, help="Which servers to run (kc alone: a smoke run).")
 @click.option("--threads", type=int, default=2, show_default=True, help="Threads for both servers.")
 @click.option("--checkpoint-dir", type=click.Path(), default=None, help="Keep the checkpoint and GGUF files here.")
 @click.option("--llamacpp-version", default="0.3.36", show_default=True, help="llama-cpp-python sdist to build.")
 @click.option("--json-out", type=click.Path(), default=None)
-def main(precisions, workloads, num_runs, threads, checkpoint_dir, llamacpp_version, json_out):
+def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llamacpp_version, json_out):
     """Output tok/s of kc serve and llama-server on the same workloads, same run."""
-    binary = build_server(llamacpp_version)
+    engines = engines.split(",")
+    binary = build_server(llamacpp_version) if "llama" in engines else None
     root = checkpoint_dir or tempfile.mkdtemp(prefix="kc-vs-llamacpp-")
     path = build_checkpoint("llama", root)
     add_tokenizer(path, 32000)
@@ -181,10 +183,10 @@ def main(precisions, workloads, num_runs, threads, checkpoint_dir, llamacpp_vers
     rows = []
     for precision in precisions.split(","):
         flags, outtype = PRECISIONS[precision]
-        gguf = convert(path, outtype, llamacpp_version)
-        results = {(k, w): [] for k in ("kc", "llama") for w in names}
+        gguf = convert(path, outtype, llamacpp_version) if binary else None
+        results = {(k, w): [] for k in engines for w in names}
         for run in range(num_runs):
-            for kind in ("kc", "llama"):
+            for kind in engines:
                 port = free_port()
                 argv = kc_argv(path, flags, port, threads) if kind == "kc" else llama_argv(binary, gguf, port, threads)
                 with Server(kind, argv, port, os.path.join(root, f"{kind}-{precision}.log")):
@@ -192,10 +194,11 @@ def main(precisions, workloads, num_runs, threads, checkpoint_dir, llamacpp_vers
                         results[(kind, w)].append(asyncio.run(run_workload(kind, port, *work[w])))
                         click.echo(f"  run {run + 1} {precision} {kind:5s} {w:8s} {results[(kind, w)][-1]:8.1f} tok/s")
         for w in names:
-            kc, ll = results[("kc", w)], results[("llama", w)]
-            ratio = statistics.median(a / b for a, b in zip(kc, ll))
-            rows.append(dict(precision=precision, workload=w, kc=statistics.median(kc), llama=statistics.median(ll),
-                             ratio=ratio, kc_runs=kc, llama_runs=ll))
+            kc, ll = results.get(("kc", w), []), results.get(("llama", w), [])
+            med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731
+            ratio = med([a / b for a, b in zip(kc, ll)])
+            rows.append(dict(precision=precision, workload=w, kc=med(kc), llama=med(ll), ratio=ratio, kc_runs=kc,
+                             llama_runs=ll))
     click.echo(f"\n| workload | precision | kc serve tok/s | llama-server tok/s | ratio |\n|---|---|---|---|---|")
     for r in rows:
         click.echo(f"| {r['workload']} | {r['precision']} | {r['kc']:.0f} | {r['llama']:.0f} | {r['ratio']:.2f}x |")
