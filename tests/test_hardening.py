@@ -205,5 +205,5 @@ def test_still_serving_and_no_5xx(server):
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
     assert requests.get(url + "/health", timeout=30).status_code == 200
     print(f"hardening corpus: {stats['requests']} requests, {len(stats['5xx'])} 5xx")
-    assert stats["requests"] > 80 and not stats["5xx"], stats["5xx"]
+    assert stats["requests"] > 50 and not stats["5xx"], stats["5xx"]
 
