@@ -36,10 +36,37 @@ class CacheConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # stages of tensor_parallel_size ranks each, layers split across them
     rank: int = 0
     worker_cls: str = "auto"
     num_threads: int | None = None  # torch threads per worker; None = the CPU cores divided among the ranks
     distributed_init_method: str | None = None
+    data_parallel_size: int = 1  # engine cores behind one front end, each with its own TP x PP workers
+    data_parallel_rank: int = 0
+    distributed_executor_backend: str | None = None  # a registered executor name; None = "uni" or "mp" by size
+    # Several hosts (the multiprocess executor): node 0 runs the engine, the others run workers only (headless).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None  # the head's address every node reaches; the head binds it (only it)
+    master_port: int | None = None
+    cluster_secret: str | None = field(default=None, repr=False)  # authenticates every cross-host connection
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def driver_rank(self) -> int:
+        """The rank that samples and returns the step's output: the last stage's first."""
+        return (self.pipeline_parallel_size - 1) * self.tensor_parallel_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    def node_ranks(self, node_rank: int) -> range:
+        """The global ranks whose workers run on node ``node_rank``."""
+        return range(node_rank * self.ranks_per_node, (node_rank + 1) * self.ranks_per_node)
 
 
 @dataclass

@@ -106,6 +106,9 @@ def build_config(**kwargs: Any) -> KernelConfig:
         raise RuntimeError(
             f"platform {current_platform.plugin_name!r} ({type(current_platform).__name__}) left worker_cls='auto': "
             "its check_and_update_config hook must set config.parallel.worker_cls to a dotted path")
+    if config.parallel.world_size % config.parallel.nnodes:
+        raise ValueError(f"{config.parallel.world_size} ranks (tensor x pipeline parallel) do not split evenly "
+                         f"over {config.parallel.nnodes} nodes")
     if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:
         config.scheduler.max_num_batched_tokens = config.scheduler.max_num_seqs
     return config

@@ -83,13 +83,20 @@ def loopback_interface() -> str:
     raise RuntimeError("no network interface carries 127.0.0.1")
 
 
-def init_distributed(world_size: int, rank: int, init_method: str | None, backend: str) -> None:
-    """Join the tensor-parallel process group and install the platform's communicator.
+def init_distributed(world_size: int, rank: int, init_method: str | None, backend: str,
+                     tensor_parallel_size: int | None = None) -> None:
+    """Join the engine's process group and install the platform's communicator for this rank's
+    tensor-parallel group (``tensor_parallel_size`` consecutive ranks, default: all of them; with
+    fewer, the ranks form pipeline stages of that size, see :mod:`kernelcore.pipeline`).
 
     The executor picks the rendezvous (a file in its private directory). gloo's pair sockets
     would otherwise bind the address the hostname resolves to, possibly a LAN one, so they are
     kept on loopback unless ``GLOO_SOCKET_IFNAME`` names an interface explicitly.
     """
+    from kernelcore import pipeline
+
+    tp = tensor_parallel_size or world_size
+    pipeline.set_pp_group(pipeline.PipelineGroup(rank // tp, world_size // tp, tp))
     if world_size <= 1:
         set_tp_group(None)
         return
@@ -101,12 +108,19 @@ def init_distributed(world_size: int, rank: int, init_method: str | None, backen
         os.environ.setdefault(f"{backend.upper()}_SOCKET_IFNAME", loopback_interface())
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size)
-    set_tp_group(make_device_communicator())
+    if tp == world_size:
+        set_tp_group(make_device_communicator())
+        return
+    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(world_size // tp)]  # every rank, same order
+    set_tp_group(make_device_communicator(groups[rank // tp]) if tp > 1 else None)
 
 
 def shutdown_distributed() -> None:
     """Leave the process group before the interpreter exits (gloo's threads must not outlive it)."""
+    from kernelcore import pipeline
+
     set_tp_group(None)
+    pipeline.set_pp_group(None)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

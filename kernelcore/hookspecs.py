@@ -28,6 +28,7 @@ import pluggy
 if TYPE_CHECKING:
     from kernelcore.attention.selector import AttentionSelector
     from kernelcore.config import KernelConfig
+    from kernelcore.executor.registry import ExecutorRegistry
     from kernelcore.kernels import KernelTable
     from kernelcore.lora.resolver import LoRAResolverRegistry
     from kernelcore.models.registry import ModelRegistry
@@ -295,4 +296,26 @@ def register_lora_resolvers(registry: LoRAResolverRegistry) -> None:
 
     Called in: the front-end process, on every lookup of an unknown model name (``kc serve`` with
     ``--enable-lora --allow-runtime-lora-updating``); the registry is rebuilt each time, never snapshotted.
+    """
+
+
+# -- executors (general hooks) ------------------------------------------------------
+
+
+@hookspec
+def register_executor_backends(registry: ExecutorRegistry) -> None:
+    """Contribute executor backends, selectable with ``--distributed-executor-backend NAME``.
+
+    Call ``registry.register(name, cls_or_"pkg.mod:Class")``; a string is imported only when chosen. The
+    class implements :class:`~kernelcore.executor.base.ExecutorBase`: it is constructed with the finished
+    config in the engine-core process and starts and drives every worker of that engine. The core
+    registers ``uni`` (one worker inside the engine core); the built-in plugin ``executors`` registers
+    ``mp`` (one spawned process per rank, on one host or several). Without ``--distributed-executor-backend``
+    one rank on one node runs ``uni`` and anything larger ``mp``. Registering a name twice raises; a plugin
+    whose hook raises stops the engine's start-up with an error naming it.
+
+    :param registry: a fresh :class:`~kernelcore.executor.registry.ExecutorRegistry`.
+
+    Called in: the engine-core process (or any process that builds an ``EngineCore``), once per engine,
+    when its executor is chosen; and the front end of ``kc serve``, to reject an unknown name before start-up.
     """

@@ -9,6 +9,6 @@ if [ ! -x /usr/bin/chromium ]; then  # the browser test drives Debian's chromium
 fi
 python -m pip install -q torch==2.13.0            # the local CPU wheel, before anything pulls a CUDA build
 python -m pip install -q setuptools wheel         # the dummy plugin packages below build without isolation
-python -m pip install -q -e '.[test,cuda]'        # cuda: triton (the kernel tests run in its interpreter)
+python -m pip install -q -e '.[test,cuda,ray]'    # cuda: triton (the kernel tests run in its interpreter); ray: its executor
 python -m pip install -q --no-deps --no-build-isolation ./tests/plugins/kc_dummy_*
 python -m pytest -q -p no:cacheprovider "$@"

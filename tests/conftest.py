@@ -7,7 +7,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 REQUIRED_DUMMIES = ("kc-dummy-platform", "kc-dummy-model", "kc-dummy-ops", "kc-dummy-stat-logger",
-                    "kc-dummy-triton-interp")
+                    "kc-dummy-triton-interp", "kc-dummy-executor")
 
 
 def pytest_configure(config):

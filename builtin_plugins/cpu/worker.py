@@ -15,5 +15,7 @@ class CpuWorker(WorkerBase):
         super().init_device()
         num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         parallel = self.config.parallel
-        torch.set_num_threads(parallel.num_threads or max(1, num_cores // parallel.tensor_parallel_size))
-        init_distributed(self.config.parallel.tensor_parallel_size, self.rank, self.distributed_init_method, "gloo")
+        ranks_here = parallel.world_size * parallel.data_parallel_size // parallel.nnodes  # processes sharing the cores
+        torch.set_num_threads(parallel.num_threads or max(1, num_cores // ranks_here))
+        init_distributed(parallel.world_size, self.rank, self.distributed_init_method, "gloo",
+                         tensor_parallel_size=parallel.tensor_parallel_size)

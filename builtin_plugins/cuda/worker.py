@@ -47,7 +47,8 @@ class CudaModelRunner(ModelRunner):
         return to(input_ids), to(positions), metadata, to(logits_idx), to(lora_ids)
 
     def execute(self, entries):
-        return super().execute(entries).cpu()  # the sampler runs on the host
+        logits = super().execute(entries)
+        return None if logits is None else logits.cpu()  # the sampler runs on the host
 
 
 class CudaWorker(WorkerBase):
@@ -60,7 +61,8 @@ class CudaWorker(WorkerBase):
         self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
         torch.cuda.set_device(self.device)
         super().init_device()
-        init_distributed(self.config.parallel.tensor_parallel_size, self.rank, self.distributed_init_method, "nccl")
+        init_distributed(self.config.parallel.world_size, self.rank, self.distributed_init_method, "nccl",
+                         tensor_parallel_size=self.config.parallel.tensor_parallel_size)
 
     def load_model(self) -> None:
         self.model_runner = CudaModelRunner(self.config, self.device)

@@ -16,6 +16,7 @@ from kernelcore.layers.linear import MergedColumnParallelLinear, QKVParallelLine
 from kernelcore.layers.norm import RMSNorm
 from kernelcore.layers.rotary import RotaryEmbedding, get_rope
 from kernelcore.models.loader import load_params
+from kernelcore.pipeline import PPMissingLayer, get_pp_group, make_layers
 
 
 def rope_config(hf_config) -> tuple[float, dict[str, Any] | None]:
@@ -90,21 +91,29 @@ class LlamaModel(nn.Module):
         theta, scaling = rope_config(hf_config)
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         rotary_emb = get_rope(head_dim, head_dim, hf_config.max_position_embeddings, theta, scaling)
-        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(hf_config, rotary_emb, f"{prefix}.layers.{i}")
-                                    for i in range(hf_config.num_hidden_layers))
-        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        pp = get_pp_group()  # a pipeline stage builds only its own layers
+        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size) if pp.is_first \
+            else PPMissingLayer()
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            hf_config.num_hidden_layers, lambda i: LlamaDecoderLayer(hf_config, rotary_emb, f"{prefix}.layers.{i}"))
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps) if pp.is_last else PPMissingLayer()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: dict | None = None):
+        if intermediate is None:
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:
+            hidden, residual = intermediate["hidden"], intermediate.get("residual")
+        for layer in self.layers[self.start_layer:self.end_layer]:
             hidden, residual = layer(positions, hidden, residual)
+        if not get_pp_group().is_last:
+            return {"hidden": hidden, "residual": residual}
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
 
 class LlamaForCausalLM(nn.Module):
     supports_tensor_parallel = True
+    supports_pipeline_parallel = True
     supports_lora = True
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
     supported_lora_modules = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
@@ -115,13 +124,15 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.hf_config = config, load_hf_config(config.model)
         self.model = LlamaModel(self.hf_config, f"{prefix}.model" if prefix else "model")
-        self.lm_head = ParallelLMHead(self.hf_config.vocab_size, self.hf_config.hidden_size)
+        self.pp = get_pp_group()
+        self.lm_head = ParallelLMHead(self.hf_config.vocab_size, self.hf_config.hidden_size) if self.pp.is_last \
+            else PPMissingLayer()
         self.is_tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
-        if self.is_tied:
+        if self.is_tied and self.pp.num_stages == 1:
             self.lm_head.tie_to(self.model.embed_tokens)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: dict | None = None):
+        return self.model(input_ids, positions, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
@@ -130,6 +141,8 @@ class LlamaForCausalLM(nn.Module):
         def rename(name: str) -> str | None:
             if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.is_tied):
                 return None
+            if self.is_tied and self.pp.num_stages > 1 and name == "model.embed_tokens.weight" and self.pp.is_last:
+                return "lm_head.weight"  # the last stage keeps its own copy of the tied embedding
             return name
 
         return load_params(self, weights, self.stacked_params_mapping, rename)

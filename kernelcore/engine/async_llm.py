@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from kernelcore.config import KernelConfig
-from kernelcore.engine.core_client import EngineDeadError, RequestError, start_engine_core
+from kernelcore.engine.core_client import EngineDeadError, RequestError
 from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
-                                         FromCore, RemoveLora, ShutdownCore)
+                                         LoraAdded, RemoveLora, ShutdownCore)
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
 from kernelcore.engine.sampling_params import SamplingParams
@@ -56,26 +55,40 @@ class AsyncLLM:
         self.tracked: dict[str, _Tracked] = {}
         self.last_stats = EngineStats()
         self.dead_error: BaseException | None = None
-        self._channel: AsyncChannel | None = None
+        self._channels: list[AsyncChannel] = []  # one per data-parallel replica (engine core)
+        self.processes: list = []
+        self.router = None  # a DPRouter with --data-parallel-size > 1
+        self.replica_of: dict[str, int] = {}
         self._tasks: list[asyncio.Task] = []
+        self._lora_answers: dict[tuple[int, int], asyncio.Future] = {}  # (lora id, replica) -> its LoraAdded
         self._log_interval = 5.0
-        self._private_dir = ""
+        self._private_dirs: list[str] = []
 
     @classmethod
     async def create(cls, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> "AsyncLLM":
+        from kernelcore.engine.dp_router import DPRouter, start_replicas
+
         self = cls(config, stat_loggers)
-        self.process, listener, info = await asyncio.to_thread(start_engine_core, config)
-        self._private_dir = os.path.dirname(listener.path)
-        try:
-            sock = await asyncio.to_thread(listener.accept_socket, 30.0)
-        finally:
-            listener.close()
-        self._channel = await AsyncChannel.from_socket(sock, FromCore)
-        self.num_blocks, self.vocab_size = info["num_blocks"], info["vocab_size"]
-        self._tasks = [asyncio.create_task(self._read_loop(), name="kc-engine-reader"),
+        started = await start_replicas(config)  # one engine core per data-parallel replica
+        self.processes = [r.process for r in started]
+        self._channels = [r.channel for r in started]
+        self._private_dirs = [r.private_dir for r in started]
+        self.num_blocks, self.vocab_size = started[0].info["num_blocks"], started[0].info["vocab_size"]
+        if len(started) > 1:
+            self.router = DPRouter(len(started), config.cache.block_size, self.stat_loggers,
+                                   config.model.served_model_name or "model")
+        self._tasks = [*(asyncio.create_task(self._read_loop(r), name=f"kc-engine-reader-{r}")
+                         for r in range(len(started))),
                        asyncio.create_task(self._watch_process(), name="kc-engine-watch"),
                        asyncio.create_task(self._log_loop(), name="kc-stat-log")]
         return self
+
+    @property
+    def process(self):
+        return self.processes[0]
+
+    def _send(self, request_id: str, message) -> None:
+        self._channels[self.replica_of.get(request_id, 0)].send_nowait(message)
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -105,7 +118,9 @@ class AsyncLLM:
                                                           self.eos_token_id, lora_id)
         tracked = _Tracked(asyncio.Queue(), params, len(prompt_token_ids))
         self.tracked[request_id] = tracked
-        self._channel.send_nowait(AddRequests(core_requests))
+        if self.router is not None:
+            self.replica_of[request_id] = self.router.choose(prompt_token_ids)
+        self._send(request_id, AddRequests(core_requests))
         is_finished = False
         try:
             while not is_finished:
@@ -118,12 +133,15 @@ class AsyncLLM:
         finally:
             if not is_finished:
                 self.abort_nowait(request_id)
+            replica = self.replica_of.pop(request_id, None)
+            if replica is not None:
+                self.router.finished(replica)
 
     def abort_nowait(self, request_id: str) -> None:
         tracked = self.tracked.pop(request_id, None)
         child_ids = self.output_processor.abort_requests([request_id])
-        if child_ids and self._channel is not None and not self.is_dead:
-            self._channel.send_nowait(AbortRequests(child_ids))
+        if child_ids and self._channels and not self.is_dead:
+            self._send(request_id, AbortRequests(child_ids))
         if tracked is not None:
             self._record_finished(tracked, "abort")
 
@@ -139,36 +157,56 @@ class AsyncLLM:
         return len(failed)
 
     async def add_lora(self, lora_id: int, path: str, name: str | None = None) -> None:
-        """Register an adapter directory (validated by the caller) before requests use ``lora_id``."""
+        """Register an adapter directory before requests use ``lora_id``; returns once every worker checked it
+        against the model (LoRAAdapterError, for the client, when they refused it)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead_error}")
-        await self._channel.send(AddLora(lora_id, name or str(lora_id), path))
+        loop = asyncio.get_running_loop()
+        answers = [loop.create_future() for _ in self._channels]  # every replica checks it against its model
+        for replica, answer in enumerate(answers):
+            self._lora_answers[(lora_id, replica)] = answer
+        try:
+            for channel in self._channels:
+                await channel.send(AddLora(lora_id, name or str(lora_id), path))
+            errors = [error for error in await asyncio.gather(*answers) if error is not None]
+        finally:
+            for replica in range(len(answers)):
+                self._lora_answers.pop((lora_id, replica), None)
+        if errors:
+            from kernelcore.lora.adapter import LoRAAdapterError
+
+            raise LoRAAdapterError(errors[0])
 
     async def remove_lora(self, lora_id: int) -> None:
         if self.dead_error is None:
-            await self._channel.send(RemoveLora(lora_id))
+            for channel in self._channels:
+                await channel.send(RemoveLora(lora_id))
 
     # -- the engine's messages ------------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, replica: int = 0) -> None:
         try:
             while True:
-                message = await self._channel.recv()
+                message = await self._channels[replica].recv()
                 if isinstance(message, CoreOutputs):
-                    self._on_outputs(message)
+                    self._on_outputs(message, replica)
                 elif isinstance(message, CoreRequestErrors):
-                    self._on_errors(message)
+                    self._on_errors(message, replica)
+                elif isinstance(message, LoraAdded):
+                    answer = self._lora_answers.get((message.lora_id, replica))
+                    if answer is not None and not answer.done():
+                        answer.set_result(message.error)
                 elif isinstance(message, CoreDead):
                     self._die(EngineDeadError(message.message))
                     return
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             self._die(EngineDeadError(f"engine core connection lost: {exc}"))
 
-    def _on_outputs(self, message: CoreOutputs) -> None:
+    def _on_outputs(self, message: CoreOutputs, replica: int = 0) -> None:
         now = time.monotonic()
         outputs, to_abort = self.output_processor.process_outputs(message.outputs.outputs)
         if to_abort:
-            self._channel.send_nowait(AbortRequests(to_abort))
+            self._channels[replica].send_nowait(AbortRequests(to_abort))
         for output in outputs:
             tracked = self.tracked.get(output.request_id)
             if tracked is None:
@@ -183,11 +221,14 @@ class AsyncLLM:
                 reasons = [c.finish_reason for c in output.outputs]
                 self._record_finished(tracked, "length" if "length" in reasons else reasons[0] or "stop")
         if message.outputs.stats is not None:
-            self.last_stats = message.outputs.stats
+            stats = message.outputs.stats
+            if self.router is not None:
+                stats = self.router.record(replica, stats)  # gauges summed over replicas, labelled per replica
+            self.last_stats = stats
             for stat_logger in self.stat_loggers:
-                stat_logger.record(message.outputs.stats)
+                stat_logger.record(stats)
 
-    def _on_errors(self, message: CoreRequestErrors) -> None:
+    def _on_errors(self, message: CoreRequestErrors, replica: int = 0) -> None:
         error_cls = RequestRejected if message.is_rejected else RequestError
         for child_id, text in message.errors.items():
             child = self.output_processor.children.get(child_id)
@@ -197,7 +238,7 @@ class AsyncLLM:
             tracked = self.tracked.pop(parent_id, None)
             remaining = self.output_processor.abort_requests([parent_id])
             if remaining:
-                self._channel.send_nowait(AbortRequests(remaining))
+                self._channels[replica].send_nowait(AbortRequests(remaining))
             if tracked is not None:
                 tracked.queue.put_nowait(error_cls(text))
 
@@ -223,14 +264,18 @@ class AsyncLLM:
         if not is_expected:
             logger.error("engine is dead: %s", error)
         self.dead_error = error
+        for answer in self._lora_answers.values():
+            if not answer.done():
+                answer.set_exception(EngineDeadError(str(error)))
         for request_id, tracked in list(self.tracked.items()):
             tracked.queue.put_nowait(EngineDeadError(str(error)))
         self.tracked.clear()
 
     async def _watch_process(self) -> None:
-        while self.process.is_alive():
+        while all(process.is_alive() for process in self.processes):
             await asyncio.sleep(0.5)
-        self._die(EngineDeadError(f"engine core process exited (exit code {self.process.process.exitcode})"))
+        dead = next(p for p in self.processes if not p.is_alive())
+        self._die(EngineDeadError(f"{dead.role} process exited (exit code {dead.process.exitcode})"))
 
     async def _log_loop(self) -> None:
         while True:
@@ -245,16 +290,18 @@ class AsyncLLM:
         self._is_shutting_down = True
         for task in self._tasks:
             task.cancel()
-        if self._channel is not None and not self.is_dead:
+        for channel in self._channels if not self.is_dead else []:
             try:
-                await self._channel.send(ShutdownCore())
+                await channel.send(ShutdownCore())
             except (ConnectionError, OSError):
                 pass
-        await asyncio.to_thread(self.process.process.join, timeout)
-        self.process.terminate()
-        if self._channel is not None:
-            self._channel.close()
-        remove_private_dir(self._private_dir)
+        for process in self.processes:
+            await asyncio.to_thread(process.process.join, timeout)
+            process.terminate()
+        for channel in self._channels:
+            channel.close()
+        for private_dir in self._private_dirs:
+            remove_private_dir(private_dir)
         for stat_logger in self.stat_loggers:
             stat_logger.shutdown()
         self._die(EngineDeadError("the engine was shut down"), is_expected=True)

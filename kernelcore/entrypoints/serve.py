@@ -65,6 +65,24 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--port", env="KC_PORT", default=8000, type=int, help="TCP port (0 picks a free one).")
 @_opt("--tensor-parallel-size", "-tp", env="KC_TENSOR_PARALLEL_SIZE", type=int, default=None, show_default=False,
       help="Number of tensor-parallel workers [default: 1].")
+@_opt("--pipeline-parallel-size", "-pp", env="KC_PIPELINE_PARALLEL_SIZE", type=click.IntRange(min=1), default=None,
+      show_default=False, help="Pipeline stages (layers split across them), each of -tp workers [default: 1].")
+@_opt("--data-parallel-size", "-dp", env="KC_DATA_PARALLEL_SIZE", type=click.IntRange(min=1), default=None,
+      show_default=False, help="Engine replicas behind this API (each with its own -tp x -pp workers), requests "
+      "balanced by load with prefix affinity [default: 1].")
+@_opt("--distributed-executor-backend", env="KC_DISTRIBUTED_EXECUTOR_BACKEND", default=None, show_default=False,
+      help="Executor backend a plugin registered (built-in: uni, mp) [default: uni for one rank, else mp].")
+@_opt("--nnodes", env="KC_NNODES", type=click.IntRange(min=1), default=1, help="Hosts this engine spans.")
+@_opt("--node-rank", env="KC_NODE_RANK", type=click.IntRange(min=0), default=0,
+      help="This host's index: 0 runs the engine and the API, the others run --headless.")
+@_opt("--master-addr", env="KC_MASTER_ADDR", default=None, show_default=False,
+      help="With --nnodes > 1: the head's address; the head binds its cluster port to it (only to it).")
+@_opt("--master-port", env="KC_MASTER_PORT", type=click.IntRange(1, 65535), default=29550,
+      help="With --nnodes > 1: the head's cluster port (control, rendezvous).")
+@_opt("--cluster-secret", env="KC_CLUSTER_SECRET", default=None, show_default=False,
+      help="With --nnodes > 1: shared secret every host proves (HMAC challenge-response); required.")
+@_opt("--headless", env="KC_HEADLESS", is_flag=True, default=False,
+      help="Run this node's workers only (no API, no engine); needs --nnodes > 1 and --node-rank > 0.")
 @_opt("--max-model-len", env="KC_MAX_MODEL_LEN", type=int, default=None, help="Context length [default: the model's].")
 @_opt("--block-size", env="KC_BLOCK_SIZE", type=int, default=None, help="KV-cache block size in tokens.")
 @_opt("--max-num-seqs", env="KC_MAX_NUM_SEQS", type=int, default=None, help="Most sequences per engine step.")
@@ -132,7 +150,10 @@ def _opt(*names: str, env: str, **kwargs: Any):
       "alerts work unchanged.")
 @_opt("--web-console/--no-web-console", env="KC_WEB_CONSOLE", default=True,
       help="Serve the web console (chat playground and operator console) at / and its JSON endpoints.")
-def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None, max_model_len: int | None,
+def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None,
+              pipeline_parallel_size: int | None, data_parallel_size: int | None,
+              distributed_executor_backend: str | None, nnodes: int, node_rank: int, master_addr: str | None,
+              master_port: int, cluster_secret: str | None, headless: bool, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
               kv_cache_memory: str | None, dtype: str | None, quantization: str | None, num_threads: int | None,
               hf_overrides: dict | None, chat_template: str | None,
@@ -169,6 +190,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
                                  param_hint="--metrics-prefix")
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         logger.warning("Binding %s without --api-key: anyone who can reach this port can use the model", host)
+    _check_topology(nnodes, node_rank, master_addr, cluster_secret, headless, distributed_executor_backend,
+                    data_parallel_size or 1)
     click.echo(f"Starting kernelcore for {model or 'the embedded default model'} (platform, plugins, config)...",
                err=True)
     config = build_config(
@@ -178,7 +201,18 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         tensor_parallel_size=tensor_parallel_size, seed=seed,
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
-        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, enforce_eager=enforce_eager or None)
+        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, enforce_eager=enforce_eager or None,
+        pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
+        distributed_executor_backend=distributed_executor_backend, nnodes=nnodes, node_rank=node_rank,
+        master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
+        cluster_secret=cluster_secret if nnodes > 1 else None)
+    if headless:
+        from kernelcore.executor.registry import get_executor_cls
+
+        executor_cls = get_executor_cls(config)
+        if not hasattr(executor_cls, "run_headless"):
+            raise click.UsageError(f"executor backend {executor_cls.__name__} does not run headless nodes")
+        sys.exit(executor_cls.run_headless(config))
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
@@ -191,11 +225,41 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
         read_timeout=request_read_timeout, default_max_tokens=default_max_tokens, metrics_prefix=metrics_prefix,
         web_console=web_console)
-    asyncio.run(run_server(config, options, host, port, shutdown_timeout))
+    from kernelcore.lora.adapter import LoRAAdapterError
+
+    try:
+        asyncio.run(run_server(config, options, host, port, shutdown_timeout))
+    except LoRAAdapterError as exc:  # only the static --lora-modules are loaded before serving
+        raise click.BadParameter(str(exc), param_hint="--lora-modules") from None
     sys.exit(0)
 
 
 serve_cmd.kc_engine_args = True
+
+
+def _check_topology(nnodes: int, node_rank: int, master_addr: str | None, cluster_secret: str | None,
+                    headless: bool, backend: str | None, data_parallel_size: int) -> None:
+    if data_parallel_size > 1 and nnodes > 1:
+        raise click.BadParameter("data parallelism spans one host for now (each replica may not span --nnodes)",
+                                 param_hint="--data-parallel-size")
+    if backend is not None:
+        from kernelcore.executor.registry import UnknownExecutorError, build_registry
+
+        try:
+            build_registry().get_backend(backend)
+        except UnknownExecutorError as exc:
+            raise click.BadParameter(str(exc), param_hint="--distributed-executor-backend") from None
+    if node_rank >= nnodes:
+        raise click.BadParameter(f"--node-rank {node_rank} must be below --nnodes {nnodes}", param_hint="--node-rank")
+    if nnodes > 1:
+        if not master_addr:
+            raise click.BadParameter("--nnodes > 1 needs the head's address", param_hint="--master-addr")
+        if not cluster_secret:
+            raise click.BadParameter("--nnodes > 1 needs a shared secret (or KC_CLUSTER_SECRET): cluster "
+                                     "connections are refused without it", param_hint="--cluster-secret")
+    if headless != (node_rank > 0):
+        raise click.BadParameter("nodes with --node-rank > 0 run --headless; node 0 runs the API (not headless)",
+                                 param_hint="--headless")
 
 
 async def run_server(config: Any, options: Any, host: str, port: int, shutdown_timeout: float) -> None:

@@ -14,6 +14,7 @@ from kernelcore.executor.graph_runner import DecodeGraphRunner, capture_sizes, g
 from kernelcore.forward_context import set_forward_context
 from kernelcore.layers.attention import Attention
 from kernelcore.models.loader import get_dtype, get_model
+from kernelcore.pipeline import get_pp_group
 
 
 @dataclass
@@ -119,15 +120,24 @@ class ModelRunner:
         return input_ids, positions, metadata, logits_idx, lora_ids
 
     @torch.inference_mode()
-    def execute(self, entries: list[SeqBatchEntry]) -> torch.Tensor:
-        """Float32 logits [sum(num_logits), vocab], rows in entry order."""
+    def execute(self, entries: list[SeqBatchEntry]) -> torch.Tensor | None:
+        """Float32 logits [sum(num_logits), vocab], rows in entry order (None on a stage before the last)."""
         input_ids, positions, metadata, logits_idx, lora_ids = self.prepare(entries)
-        graph_size = self.graph_runner.accepts(metadata, logits_idx, lora_ids) if self.graph_runner else None
+        pp = get_pp_group()
+        use_graphs = self.graph_runner is not None and pp.num_stages == 1
+        graph_size = self.graph_runner.accepts(metadata, logits_idx, lora_ids) if use_graphs else None
         if graph_size is not None:
             logits = self.graph_runner.run(graph_size, input_ids, positions, metadata)
         else:
             with set_forward_context(metadata, lora_ids):
-                hidden = self.model(input_ids, positions)
+                if pp.num_stages > 1:
+                    intermediate = None if pp.is_first else pp.recv(self.dtype, input_ids.device)
+                    hidden = self.model(input_ids, positions, intermediate)
+                    if not pp.is_last:
+                        pp.send(hidden)
+                        return None
+                else:
+                    hidden = self.model(input_ids, positions)
                 if logits_idx.numel() == 0:
                     return torch.empty(0, self.vocab_size, dtype=torch.float32)
                 logits = self.model.compute_logits(hidden[logits_idx])

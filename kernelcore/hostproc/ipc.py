@@ -123,6 +123,15 @@ class Channel:
         self._buffer.extend(chunk)
         self._decode_buffered()
 
+    def is_closed(self) -> bool:
+        """Whether the peer has closed (or reset) the connection, without consuming anything."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
     def close(self) -> None:
         self._selector.close()
         self.sock.close()

@@ -120,7 +120,10 @@ def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                              f"{name!r} {tuple(param.shape)}: {exc}") from None
         loaded.add(name)
     if unexpected:
-        logger.warning("ignored %d checkpoint tensors with no matching parameter: %s", len(unexpected), unexpected[:8])
+        from kernelcore.pipeline import get_pp_group
+
+        # a pipeline stage skips the other stages' tensors by design
+        (logger.warning if get_pp_group().num_stages == 1 else logger.debug)("ignored %d checkpoint tensors with no matching parameter: %s", len(unexpected), unexpected[:8])
     missing = sorted(set(params) - loaded)
     if missing:
         raise ValueError(f"checkpoint does not provide {len(missing)} parameters: {missing[:10]}")
@@ -159,6 +162,8 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
 
         architecture, _ = model_registry.resolve(list(getattr(load_hf_config(config.model), "architectures", None) or []))
     model_cls = model_registry.get_model_cls(architecture)
+    if config.parallel.pipeline_parallel_size > 1 and not getattr(model_cls, "supports_pipeline_parallel", False):
+        raise ValueError(f"{architecture} does not support pipeline parallelism (supports_pipeline_parallel)")
     if not is_dummy:
         weight_files(config.model.model)  # fail on missing weights before building anything
     with set_current_config(config), default_dtype(get_dtype(config.model.dtype)):

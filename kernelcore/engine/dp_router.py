@@ -1,0 +1,139 @@
+"""Data parallelism in the front end: which engine-core replica serves a request.
+
+Load first: a request goes to the replica with the fewest requests in flight. Prefix affinity on top: the
+front end remembers which replica last served each block-aligned prompt prefix (hashed, LRU-bounded), and
+a request whose longest remembered prefix points at a replica that is at most ``slack`` requests busier
+than the least-loaded one goes there, where that prefix is likely still cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hashlib
+import os
+from typing import Any
+
+from kernelcore.config import KernelConfig
+from kernelcore.metrics.stats import EngineStats
+
+
+@dataclasses.dataclass
+class Replica:
+    process: Any
+    channel: Any
+    info: dict
+    private_dir: str
+
+
+async def _start_one(config: KernelConfig) -> Replica:
+    from kernelcore.engine.core_client import start_engine_core
+    from kernelcore.engine.core_proc import FromCore
+    from kernelcore.hostproc.ipc import AsyncChannel
+
+    process, listener, info = await asyncio.to_thread(start_engine_core, config)
+    try:
+        sock = await asyncio.to_thread(listener.accept_socket, 30.0)
+    finally:
+        listener.close()
+    return Replica(process, await AsyncChannel.from_socket(sock, FromCore), info, os.path.dirname(listener.path))
+
+
+async def start_replicas(config: KernelConfig) -> list[Replica]:
+    """One engine core per data-parallel replica, started together; all of them, or none (the others stopped)."""
+    size = config.parallel.data_parallel_size
+    configs = [config] if size == 1 else [
+        dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, data_parallel_rank=r))
+        for r in range(size)]
+    results = await asyncio.gather(*(_start_one(c) for c in configs), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        for r in results:
+            if isinstance(r, Replica):
+                r.channel.close()
+                r.process.terminate()
+        raise errors[0]
+    return results
+
+
+class DPRouter:
+    def __init__(self, num_replicas: int, block_size: int, stat_loggers: list | None = None, model_name: str = "model",
+                 slack: int = 2, max_prefixes: int = 1 << 16) -> None:
+        self.num_replicas, self.block_size, self.slack = num_replicas, block_size, slack
+        self.load = [0] * num_replicas
+        self.prefixes: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self.max_prefixes = max_prefixes
+        self.latest = [EngineStats() for _ in range(num_replicas)]
+        prometheus = next((s for s in stat_loggers or () if hasattr(s, "registry")), None)
+        self.metrics = None if prometheus is None else self._metrics(prometheus.registry, model_name,
+                                                                     getattr(prometheus, "prefix", "kc"))
+
+    def _metrics(self, registry, model_name: str, prefix: str) -> dict[str, Any]:
+        """Per-replica series beside the Prometheus logger's totals (same registry and prefix, ``replica`` label)."""
+        import prometheus_client as prom
+
+        labels = ["model_name", "replica"]
+
+        def per_replica(metric):
+            return [metric.labels(model_name=model_name, replica=str(r)) for r in range(self.num_replicas)]
+
+        def series(kind, name: str, doc: str):
+            return per_replica(kind(f"{prefix}:{name}", doc, labels, registry=registry))
+
+        routed = prom.Counter(f"{prefix}:dp_routed_requests", "Requests routed to each data-parallel replica, by why.",
+                              [*labels, "reason"], registry=registry)
+        return {
+            "routed": {(r, why): routed.labels(model_name=model_name, replica=str(r), reason=why)
+                       for r in range(self.num_replicas) for why in ("prefix", "load")},
+            "running": series(prom.Gauge, "dp_num_requests_running", "Requests running, per replica."),
+            "waiting": series(prom.Gauge, "dp_num_requests_waiting", "Requests waiting, per replica."),
+            "kv": series(prom.Gauge, "dp_kv_cache_usage_perc", "KV-cache use (0..1), per replica."),
+            "hits": series(prom.Counter, "dp_prefix_cache_hits", "Prompt tokens found in the cache, per replica."),
+            "queries": series(prom.Counter, "dp_prefix_cache_queries", "Prompt tokens looked up, per replica."),
+        }
+
+    def record(self, replica: int, stats: EngineStats) -> EngineStats:
+        """Label one replica's step and return it with the engine-wide gauges (sums, mean KV use)."""
+        self.latest[replica] = stats
+        if self.metrics is not None:
+            m = self.metrics
+            m["running"][replica].set(stats.num_running)
+            m["waiting"][replica].set(stats.num_waiting)
+            m["kv"][replica].set(stats.kv_cache_usage)
+            m["hits"][replica].inc(stats.num_prefix_cache_hits)
+            m["queries"][replica].inc(stats.num_prefix_cache_queries)
+        return dataclasses.replace(stats, num_running=sum(s.num_running for s in self.latest),
+                                   num_waiting=sum(s.num_waiting for s in self.latest),
+                                   kv_cache_usage=sum(s.kv_cache_usage for s in self.latest) / self.num_replicas)
+
+    def _prefix_keys(self, token_ids: list[int]) -> list[bytes]:
+        """Hashes of every block-aligned prefix, shortest first."""
+        keys, h = [], hashlib.blake2b(digest_size=16)
+        for end in range(self.block_size, len(token_ids) + 1, self.block_size):
+            h.update(repr(token_ids[end - self.block_size:end]).encode())
+            keys.append(h.copy().digest())
+        return keys
+
+    def choose(self, token_ids: list[int]) -> int:
+        keys = self._prefix_keys(token_ids)
+        least = min(range(self.num_replicas), key=lambda r: (self.load[r], r))
+        replica, reason = least, "load"
+        for key in reversed(keys):
+            owner = self.prefixes.get(key)
+            if owner is not None:
+                if self.load[owner] <= self.load[least] + self.slack:
+                    replica, reason = owner, "prefix"
+                break
+        for key in keys:
+            self.prefixes[key] = replica
+            self.prefixes.move_to_end(key)
+        while len(self.prefixes) > self.max_prefixes:
+            self.prefixes.popitem(last=False)
+        self.load[replica] += 1
+        if self.metrics is not None:
+            self.metrics["routed"][(replica, reason)].inc()
+        return replica
+
+    def finished(self, replica: int) -> None:
+        self.load[replica] = max(0, self.load[replica] - 1)
