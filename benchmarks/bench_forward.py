@@ -43,7 +43,7 @@ def median_time(fn, iters: int) -> float:
 
 def matmul_roofline(model, batch: int, dtype: torch.dtype, iters: int, prepacked: bool) -> float:
     """The step's weight matmuls alone: plain ``F.linear``, or the prepacked oneDNN path the layers use."""
-    from kernelcore.layers.linear import fast_linear
+    from builtin_plugins.cpu.linear import fast_linear
 
     modules = [m for name, m in model.named_modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
                and m.weight.dim() == 2 and "embed" not in name]

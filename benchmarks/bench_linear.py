@@ -1,5 +1,5 @@
 """GFLOP/s of the Llama-125m layer matmuls (qkv, o, gate_up, down, LM head): plain F.linear vs the prepacked
-oneDNN path the layers use (kernelcore.layers.linear.fast_linear), interleaved in the same run.
+oneDNN path the layers use (builtin_plugins.cpu.linear.fast_linear), interleaved in the same run.
 
     python benchmarks/bench_linear.py [--threads 1] [--rows 1 8 32 128 2048]
 """
@@ -13,7 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernelcore.layers.linear import fast_linear
+from builtin_plugins.cpu.linear import fast_linear
 
 SHAPES = [(768, 1280), (768, 768), (768, 4096), (2048, 768), (768, 32000)]  # (in, out)
 

@@ -175,7 +175,7 @@ def run_transformers(path: str, workload, dtype: str, batch_size: int = 32, thre
 
 def matmul_peak_gflops(dtype: str, m: int = 64, k: int = 768, n: int = 3072) -> float:
     """The best of plain ``a @ b`` and the prepacked oneDNN linear the layers use (the higher peak is the roofline)."""
-    from kernelcore.layers.linear import fast_linear
+    from builtin_plugins.cpu.linear import fast_linear
 
     a, w = torch.randn(m, k, dtype=getattr(torch, dtype)), torch.randn(n, k, dtype=getattr(torch, dtype))
     b, holder = w.t().contiguous(), torch.nn.Module()

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 class ModelConfig:
     model: str | None = None  # local HF directory; None = the embedded default model
     dtype: str = "float32"  # "float32" | "bfloat16" | "float16" | "auto"
+    quantization: str | None = None  # a quantization-method name ("int8", ...); None = unquantized
     max_model_len: int | None = None  # None = from the HF config
     hf_overrides: dict[str, Any] = field(default_factory=dict)
     seed: int = 0

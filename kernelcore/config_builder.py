@@ -65,6 +65,10 @@ def build_config(**kwargs: Any) -> KernelConfig:
     if kwargs.get("block_size") is not None:
         kwargs["is_block_size_user_set"] = True
     model = ModelConfig(**_split(kwargs, ModelConfig))
+    if model.quantization is not None:
+        from kernelcore.quantization import check_quantization
+
+        check_quantization(model.quantization)
     cache = CacheConfig(**_split(kwargs, CacheConfig))
     parallel = ParallelConfig(**_split(kwargs, ParallelConfig))
     scheduler = SchedulerConfig(**_split(kwargs, SchedulerConfig))

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from kernelcore.kernels import KernelTable
     from kernelcore.lora.resolver import LoRAResolverRegistry
     from kernelcore.models.registry import ModelRegistry
+    from kernelcore.quantization import QuantizationRegistry
     from kernelcore.structured_output.backend import StructuredOutputBackendRegistry
 
 hookspec = pluggy.HookspecMarker("kernelcore")
@@ -229,6 +230,30 @@ def register_triton_kernel_overrides(kernels: KernelTable) -> None:
 
     Called in: every worker, right after the general plugins load and before
     the worker class is resolved.
+    """
+
+
+@hookspec
+def register_quantization_methods(registry: QuantizationRegistry) -> None:
+    """Contribute linear methods selectable with ``--quantization NAME``.
+
+    Call ``registry.register(name, cls_or_"module:Class")``; the class is a
+    :class:`~kernelcore.layers.linear.LinearMethodBase` subclass, instantiated
+    once per linear layer (``process_weights_after_loading(layer)`` after the
+    checkpoint is loaded, ``apply(layer, x, bias)`` per forward). ``"none"``
+    is the core's unquantized method. A platform replaces a method for its
+    device with ``registry.register(name, cls, override=True)``: the platform
+    runs last, so its override wins (the CPU platform does this for ``"none"``
+    with oneDNN-prepacked weights and for ``"int8"`` with an int8 matmul).
+    Registering a name another plugin owns without ``override`` raises.
+
+    :param registry: the process's :class:`~kernelcore.quantization.QuantizationRegistry`.
+
+    Not first-result: every implementation is called, the platform's last.
+
+    Called in: the front-end process when the config is built (an unknown
+    ``--quantization`` is refused there), and every worker before the model is
+    built; once per process.
     """
 
 

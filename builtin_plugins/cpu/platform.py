@@ -30,6 +30,13 @@ class CpuPlatform(Platform):
         return "kernelcore.distributed.TorchDistCommunicator"
 
     @hookimpl
+    def register_quantization_methods(self, registry):
+        # Faster CPU implementations of the core's linear methods (the platform runs last, so these win).
+        registry.register("none", "builtin_plugins.cpu.linear:OneDnnLinearMethod", override=True)
+        if "int8" in registry.names():
+            registry.register("int8", "builtin_plugins.cpu.linear:CpuInt8LinearMethod", override=True)
+
+    @hookimpl
     def register_triton_kernel_overrides(self, kernels):
         # Triton cannot launch on CPU tensors: every kernel gets its torch fallback.
         from builtin_plugins.cpu.kernels import override_with_torch

@@ -91,6 +91,10 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--kv-cache-memory", env="KC_KV_CACHE_MEMORY", default=None, help="KV-cache size per rank, e.g. 2GiB.")
 @_opt("--dtype", env="KC_DTYPE", default=None, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
       help="Weight and activation dtype [default: float32].")
+@_opt("--quantization", "-q", env="KC_QUANTIZATION", default=None, show_default=False,
+      help="Quantize the weights at load: a method a plugin registered (built in: int8, weight-only per-channel).")
+@_opt("--num-threads", env="KC_NUM_THREADS", type=int, default=None, show_default=False,
+      help="Compute threads per worker [default: the CPU cores divided among the ranks].")
 @_opt("--hf-overrides", env="KC_HF_OVERRIDES", default=None, callback=_json_object,
       help='JSON object applied over the HF config, e.g. \'{"rope_theta": 20000}\'.')
 @_opt("--chat-template", env="KC_CHAT_TEMPLATE", default=None,
@@ -160,7 +164,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               distributed_executor_backend: str | None, nnodes: int, node_rank: int, master_addr: str | None,
               master_port: int, cluster_secret: str | None, headless: bool, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
-              kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
+              kv_cache_memory: str | None, dtype: str | None, quantization: str | None, num_threads: int | None,
+              hf_overrides: dict | None, chat_template: str | None,
               trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
               response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None, enforce_eager: bool,
@@ -183,6 +188,13 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         template = load_chat_template(chat_template)
     except (OSError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--chat-template") from None
+    if quantization is not None:
+        from kernelcore.quantization import check_quantization
+
+        try:
+            check_quantization(quantization)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--quantization") from None
     if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", metrics_prefix):
         raise click.BadParameter(f"{metrics_prefix!r} is not a metric name prefix (letters, digits, _)",
                                  param_hint="--metrics-prefix")
@@ -195,7 +207,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
     config = build_config(
         model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
-        hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
+        quantization=quantization, num_threads=num_threads, hf_overrides=hf_overrides,
+        tensor_parallel_size=tensor_parallel_size, seed=seed,
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
         max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, enforce_eager=enforce_eager or None,

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.distributed import get_tp_group
-from kernelcore.layers.linear import copy_checked, fast_linear
+from kernelcore.layers.linear import copy_checked, make_linear_method
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -44,6 +44,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
         super().__init__(num_embeddings, embedding_dim)
+        self.params_dtype = torch.get_default_dtype()
+        self.quant_method = make_linear_method()
+        self.is_tied = False
         if bias:
             self.bias = nn.Parameter(torch.empty(self.num_embeddings_per_partition), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -52,9 +55,10 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
+        self.is_tied = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = fast_linear(self, x, self.weight, self.bias)
+        logits = self.quant_method.apply(self, x, self.bias)
         if self.tp_size > 1:
             logits = get_tp_group().all_gather(logits, dim=-1)[..., : self.num_embeddings]
         return logits

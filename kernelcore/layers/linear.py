@@ -23,28 +23,68 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> N
     copy_checked(param.data, loaded_weight)
 
 
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-# oneDNN's bf16 linear needs avx512bw/vl/dq or avx_ne_convert; other CPUs keep bf16 on F.linear
-_PREPACK_DTYPES = (torch.float32, torch.bfloat16) if _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported() \
-    else (torch.float32,)
+class LinearMethodBase:
+    """How a linear layer stores and multiplies its weight (one instance per layer, chosen by ``--quantization``).
+
+    Layers are built and loaded in the model dtype (``layer.weight``); ``process_weights_after_loading`` may then
+    replace it (quantize, repack). Methods come from the quantization registry (``register_quantization_methods``),
+    where a platform may swap in its device's implementation."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        pass
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
 
 
-def fast_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear``; on CPU (fp32/bf16, no autograd) through oneDNN with the weight prepacked once per module.
+class UnquantizedLinearMethod(LinearMethodBase):
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
 
-    Prepacking skips MKL's per-call repacking of the weight: 1.5-2x the GFLOP/s of ``F.linear`` at decode
-    batch sizes (8-128 rows), equal numerics within fp32 rounding (docs/performance.md). The packed copy is
-    rebuilt when the weight changes (version counter / storage), and is not part of the state dict."""
-    if (not _ONEDNN or x.device.type != "cpu" or weight.dtype not in _PREPACK_DTYPES
-            or x.dtype != weight.dtype or (weight.requires_grad and torch.is_grad_enabled())):
-        return F.linear(x, weight, bias)
-    key = (weight.data_ptr(), None if weight.is_inference() else weight._version, weight.shape)
-    packed = module.__dict__.get("_onednn_weight")
-    if packed is None or packed[0] != key:
-        with torch.no_grad():
-            packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
-        module.__dict__["_onednn_weight"] = packed
-    return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
+
+def quantize_int8_per_channel(weight: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one float32 scale per output row: (qweight int8 [out, in], scale [out])."""
+    w = weight.float()
+    if amax is None:
+        amax = w.abs().amax(dim=1)
+    scale = (amax.float() / 127.0).clamp(min=1e-12)
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+class Int8LinearMethod(LinearMethodBase):
+    """Weight-only int8, per-output-channel scales, quantized at load from any fp16/bf16/fp32 checkpoint.
+
+    ``apply`` here is the portable reference (dequantize, then ``F.linear`` in the activation dtype); a platform
+    overrides it with an int8 matmul. A row-parallel shard takes each row's max over all ranks, so every TP size
+    quantizes exactly as one rank does. A tied LM head keeps the shared float weight for the embedding."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight = layer.weight.data
+        amax = weight.float().abs().amax(dim=1)
+        if getattr(layer, "tp_dim", None) == 1 and getattr(layer, "tp_size", 1) > 1:
+            amax = get_tp_group().all_gather(amax.unsqueeze(1).contiguous(), dim=1).amax(dim=1)
+        qweight, scale = quantize_int8_per_channel(weight, amax)
+        layer.params_dtype = weight.dtype
+        layer.register_buffer("weight_scale", scale.to(weight.dtype), persistent=False)
+        if getattr(layer, "is_tied", False):
+            layer.register_buffer("qweight", qweight, persistent=False)
+        else:
+            layer.weight = nn.Parameter(qweight, requires_grad=False)
+            layer.qweight = layer.weight
+
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        return layer.qweight.to(dtype) * layer.weight_scale.to(dtype).unsqueeze(1)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
+
+
+def make_linear_method() -> LinearMethodBase:
+    """The method of the model being built (``config.model.quantization``; unquantized by default)."""
+    from kernelcore.config import get_current_config
+    from kernelcore.quantization import make_linear_method as make
+
+    return make(get_current_config().model.quantization)
 
 
 def divide(a: int, b: int) -> int:
@@ -58,6 +98,8 @@ class LinearBase(nn.Module):
         tp = get_tp_group()
         self.tp_dim, self.tp_rank, self.tp_size = tp_dim, tp.rank, tp.world_size
         self.input_size, self.output_size = input_size, output_size
+        self.params_dtype = torch.get_default_dtype()
+        self.quant_method = make_linear_method()
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -70,7 +112,7 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fast_linear(self, x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -158,6 +200,6 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return fast_linear(self, x, self.weight, self.bias)
-        y = fast_linear(self, x, self.weight, self.bias if self.tp_rank == 0 else None)
+            return self.quant_method.apply(self, x, self.bias)
+        y = self.quant_method.apply(self, x, self.bias if self.tp_rank == 0 else None)
         return get_tp_group().all_reduce(y)

@@ -58,7 +58,7 @@ class LoRALinear(nn.Module):
         self.is_row = isinstance(base, RowParallelLinear)
         self.num_slots, self.max_rank, self.num_slices = num_slots, max_rank, len(shard_ids)
         self.rows = slice_rows(base, self.num_slices)
-        like = dict(dtype=base.weight.dtype, device=base.weight.device)
+        like = dict(dtype=getattr(base, "params_dtype", base.weight.dtype), device=base.weight.device)
         self.register_buffer("lora_a", torch.zeros(num_slots * self.num_slices * max_rank, base.input_size, **like),
                              persistent=False)
         self.lora_b = [torch.zeros(end - start, num_slots * max_rank, **like) for start, end in self.rows]

@@ -142,6 +142,15 @@ def init_dummy_weights(model: nn.Module, std: float = 0.02, seed: int = 0) -> No
             param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
+@torch.no_grad()
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let each layer's linear method quantize or repack the weights it was loaded with."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+
+
 def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
     """Resolve the architecture in the registry, build it under the config and dtype, load its weights.
 
@@ -165,4 +174,5 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
             init_dummy_weights(model)
         else:
             model.load_weights(iterate_weights(config.model.model))
+        process_weights_after_loading(model)
     return model.eval()
