@@ -23,7 +23,7 @@ def _bool(value: str | None) -> bool:
 
 # name -> parser of the raw string (None when unset)
 VARIABLES: dict[str, Callable[[str | None], Any]] = {
-    "KC_PLUGINS": _csv,  # allow-list of third-party entry-point names; unset = all
+    "KC_PLUGINS": _csv,  # allow-list of third-party entry-point names (every group); unset = all
     "KC_BLOCK_PLUGINS": lambda v: _csv(v) or [],  # blocked entry-point names, built-ins included
     "KC_PLATFORM": lambda v: (v or "").strip() or None,  # force a platform by entry-point name
     "KC_TRACE_PLUGINS": lambda v: v or None,  # file receiving one JSON line per hook call

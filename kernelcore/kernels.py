@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 logger = logging.getLogger("kernelcore.kernels")
 
@@ -22,29 +22,51 @@ class KernelEntry:
     is_override: bool = False
 
 
+DIRECT = "<direct call>"  # the owner of a registration made outside a plugin's hook
+
+
+class OwnedView:
+    """What a registration hook receives: ``target`` with every registration stamped with the plugin's name."""
+
+    def __init__(self, target: Any, owner: str) -> None:
+        self._target, self._owner = target, owner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if name in getattr(self._target, "OWNED_METHODS", ()):
+            def stamped(*args: Any, **kwargs: Any) -> Any:
+                kwargs.setdefault("owner", self._owner)
+                return attr(*args, **kwargs)
+            return stamped
+        return attr
+
+
 class KernelTable:
+    OWNED_METHODS = ("register", "override")
+
     def __init__(self) -> None:
         self._entries: dict[str, KernelEntry] = {}
 
-    def _owner(self) -> str:
-        from kernelcore import plugins
+    def owned_by(self, owner: str) -> "KernelTable":
+        return OwnedView(self, owner)  # type: ignore[return-value]
 
-        return plugins.loading_plugin or "<direct call>"
-
-    def register(self, name: str, fn: Callable) -> None:
+    def register(self, name: str, fn: Callable, owner: str = DIRECT) -> None:
         """Add a kernel. Re-registering by the same plugin is a no-op (spawn, reload)."""
-        owner = self._owner()
         existing = self._entries.get(name)
         if existing is not None and existing.owner != owner:
             raise ValueError(f"kernel {name!r} is registered by plugin {existing.owner} and again by {owner}; "
                              "a platform replaces kernels with override() in register_triton_kernel_overrides")
         self._entries[name] = KernelEntry(name, fn, owner)
 
-    def override(self, name: str, fn: Callable, owner: str | None = None) -> None:
+    def override(self, name: str, fn: Callable, owner: str = DIRECT) -> None:
         """Replace a registered kernel (the platform's prerogative)."""
         if name not in self._entries:
             raise KeyError(f"cannot override unknown kernel {name!r}; known: {sorted(self._entries)}")
-        self._entries[name] = KernelEntry(name, fn, owner or self._owner(), is_override=True)
+        self._entries[name] = KernelEntry(name, fn, owner, is_override=True)
+
+    def is_overridden(self, name: str) -> bool:
+        entry = self._entries.get(name)
+        return entry is not None and entry.is_override
 
     def get(self, name: str) -> Callable:
         try:
@@ -64,7 +86,10 @@ kernel_table = KernelTable()
 
 
 def trace_winners() -> None:
-    """Write the implementation in use for each kernel to the plugin trace (end of a worker's start-up)."""
+    """Write the implementation in use for each kernel to the plugin trace.
+
+    The core calls it at the end of every worker's start-up; plugins need not.
+    """
     from kernelcore import envs, plugins
 
     winners = kernel_table.winners()

@@ -27,18 +27,12 @@ class Platform:
 
     device_name: str = "unspecified"
     device_type: str = "cpu"  # a torch device type
-    dist_backend: str = "gloo"
+    priority: int = 0  # among several active built-in platforms, the highest wins
     plugin_name: str = "?"  # the entry point that detected it (set by the core)
     is_builtin: bool = False  # set by the core from the entry point's distribution
 
     def is_out_of_tree(self) -> bool:
         return not self.is_builtin
-
-    def is_cpu(self) -> bool:
-        return self.device_type == "cpu" and not self.is_out_of_tree()
-
-    def is_cuda(self) -> bool:
-        return self.device_type == "cuda" and not self.is_out_of_tree()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device_name={self.device_name!r}, plugin={self.plugin_name!r})"
@@ -117,8 +111,9 @@ def choose(detections: list[Detection]) -> tuple[Detection, str]:
     if not active:
         raise RuntimeError(f"No platform is active. Detectors tried: {[d.name for d in detections] or 'none'}; "
                            "is kernelcore installed (its entry points register the built-in platforms)?")
-    # Several built-ins (e.g. cuda and cpu): the first non-cpu device wins.
-    active.sort(key=lambda d: d.name == "cpu")
+    # Several built-ins (e.g. cuda and cpu): the highest Platform.priority wins, ties by name.
+    if len(active) > 1:
+        active.sort(key=lambda d: (-getattr(resolve_obj_by_qualname(d.qualname), "priority", 0), d.name))
     return active[0], "built-in platform detected" + (f" (over {[d.name for d in active[1:]]})" if len(active) > 1 else "")
 
 
@@ -136,7 +131,7 @@ def resolve_platform() -> Platform:
         logger.info("Platform plugin %s is activated", winner.name)
     else:
         logger.debug("Automatically detected platform %s (%s)", winner.name, why)
-    plugins.get_plugin_manager().register(platform, name=f"{winner.name}:platform")
+    plugins.register_platform(platform, winner.name)
     plugins.trace_event(envs.KC_TRACE_PLUGINS, hook="platform_resolved", plugins=[winner.name],
                         result=winner.qualname, why=why, duration_ms=round((time.perf_counter() - started) * 1000, 3), ok=True)
     return platform

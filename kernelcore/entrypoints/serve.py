@@ -72,7 +72,8 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Token budget per engine step.")
 @_opt("--kv-cache-memory", env="KC_KV_CACHE_MEMORY", default=None, help="KV-cache size per rank, e.g. 2GiB.")
 @_opt("--dtype", env="KC_DTYPE", default=None, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-      help="Weight and activation dtype [default: float32].")
+      help="Weight and activation dtype [default: the platform's; float32 on CPU, where 'auto' picks bfloat16 "
+           "if the CPU has native bf16].")
 @_opt("--hf-overrides", env="KC_HF_OVERRIDES", default=None, callback=_json_object,
       help='JSON object applied over the HF config, e.g. \'{"rope_theta": 20000}\'.')
 @_opt("--chat-template", env="KC_CHAT_TEMPLATE", default=None,
@@ -88,7 +89,9 @@ def _opt(*names: str, env: str, **kwargs: Any):
       show_default=False, help="Reuse KV blocks of shared prompt prefixes [default: on].")
 @_opt("--seed", env="KC_SEED", type=int, default=None, help="Engine random seed.")
 @_opt("--enable-endpoint-plugins", env="KC_ENABLE_ENDPOINT_PLUGINS", is_flag=True, default=False,
-      help="Let every installed plugin add HTTP routes (otherwise only plugins named in KC_PLUGINS).")
+      help="Let every installed plugin add HTTP routes.")
+@_opt("--endpoint-plugins", env="KC_ENDPOINT_PLUGINS", default=None, show_default=False,
+      help="Comma-separated plugin names allowed to add HTTP routes (independent of KC_PLUGINS).")
 @_opt("--enable-lora", env="KC_ENABLE_LORA", is_flag=True, default=False, help="Serve LoRA adapters.")
 @_opt("--max-loras", env="KC_MAX_LORAS", type=int, default=None, help="Most adapters in one engine step [default: 4].")
 @_opt("--max-lora-rank", env="KC_MAX_LORA_RANK", type=int, default=None, help="Largest adapter rank [default: 16].")
@@ -114,7 +117,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
               trust_request_chat_template: bool, response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None,
-              enable_endpoint_plugins: bool, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
+              enable_endpoint_plugins: bool, endpoint_plugins: str | None, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, shutdown_timeout: float,
@@ -147,7 +150,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
                       max_stop_string_length=max_stop_string_length, max_prompts=max_prompts),
         max_body_bytes=parse_size(max_request_body_bytes), chat_template=template,
         trust_request_chat_template=trust_request_chat_template, response_role=response_role,
-        enable_endpoint_plugins=enable_endpoint_plugins, lora_modules=lora_modules,
+        enable_endpoint_plugins=enable_endpoint_plugins,
+        endpoint_plugins=[n.strip() for n in (endpoint_plugins or "").split(",") if n.strip()], lora_modules=lora_modules,
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root)
     asyncio.run(run_server(config, options, host, port, shutdown_timeout))
     sys.exit(0)

@@ -30,7 +30,8 @@ class ServerOptions:
     chat_template: str | None = None  # --chat-template, already read from its file
     trust_request_chat_template: bool = False
     response_role: str = "assistant"
-    enable_endpoint_plugins: bool = False
+    enable_endpoint_plugins: bool = False  # every plugin's register_endpoints runs
+    endpoint_plugins: list[str] = field(default_factory=list)  # plugin names whose register_endpoints runs
     lora_modules: dict[str, str] = field(default_factory=dict)  # --lora-modules name=path (needs enable_lora)
     allow_runtime_lora_updating: bool = False  # load/unload endpoints and resolver lookups
     lora_root: str | None = None  # where runtime lora_path may point (--lora-root, else KC_LORA_RESOLVER_DIR)
@@ -137,16 +138,22 @@ async def guard_middleware(request: web.Request, handler) -> web.StreamResponse:
         state.in_flight_changed.set()
 
 
-async def register_endpoint_plugins(app: web.Application, engine: Any, enabled: bool) -> list[str]:
-    """Call each allowed plugin's ``register_endpoints``; a failing one is logged by name and skipped."""
+async def register_endpoint_plugins(app: web.Application, engine: Any, enabled: bool,
+                                   names: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Call each enabled plugin's ``register_endpoints``; a failing one is logged by name and skipped."""
     from kernelcore import envs, plugins
 
-    allowed = set(envs.KC_PLUGINS or [])
+    legacy = set(envs.KC_PLUGINS or [])
     registered = []
     for impl in plugins.get_plugin_manager().hook.register_endpoints.get_hookimpls():
         name = impl.plugin_name
-        if not (enabled or name in allowed):
-            logger.info("Endpoint plugin %r is off: name it in KC_PLUGINS or pass --enable-endpoint-plugins", name)
+        if name in legacy and not (enabled or name in names):
+            logger.warning("Endpoint plugin %r is enabled by KC_PLUGINS, which is deprecated for this and will stop "
+                           "in kernelcore 0.3: use KC_ENDPOINT_PLUGINS=%s (KC_PLUGINS also disables every other "
+                           "third-party plugin)", name, name)
+        elif not (enabled or name in names):
+            logger.info("Endpoint plugin %r is off: name it in --endpoint-plugins/KC_ENDPOINT_PLUGINS or pass "
+                        "--enable-endpoint-plugins", name)
             continue
         try:
             result = plugins.call_plugin_hook(name, "register_endpoints", app=app, engine=engine)
@@ -178,5 +185,5 @@ async def create_app(engine: Any, options: ServerOptions, stat_logger: Any = Non
     app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
     models.add_routes(app)
     tokenize.add_routes(app)
-    await register_endpoint_plugins(app, engine, options.enable_endpoint_plugins)
+    await register_endpoint_plugins(app, engine, options.enable_endpoint_plugins, options.endpoint_plugins)
     return app
