@@ -104,6 +104,13 @@ def build_config(**kwargs: Any) -> KernelConfig:
     architectures = list(getattr(hf_config, "architectures", None) or [])
     model.architecture, _ = model_registry.resolve(architectures)
     logger.info("Resolved architecture: %s", model.architecture)
+    info = model_registry.inspect(model.architecture)
+    if (parallel.tensor_parallel_size or 1) > 1 and not info.supports_tensor_parallel:
+        raise ValueError(f"{model.architecture} (plugin {model_registry.owners()[model.architecture]}) does not "
+                         "support tensor parallelism (supports_tensor_parallel is not set)")
+    if lora.enable_lora and not info.supports_lora:
+        raise ValueError(f"{model.architecture} (plugin {model_registry.owners()[model.architecture]}) does not "
+                         "support LoRA (supports_lora is not set)")
     native_len = getattr(hf_config, "max_position_embeddings", None) or 2048
     if model.max_model_len is None:
         model.max_model_len = native_len
