@@ -50,6 +50,7 @@ class _ProcessState:
     records: dict[tuple[str, str], PluginRecord] = field(default_factory=dict)
     general_loaded: bool = False
     platform_loaded: bool = False
+    op_owners: dict[str, str] = field(default_factory=dict)  # in-tree op name -> plugin whose register_ops replaced it
 
 
 _state: _ProcessState | None = None
@@ -320,7 +321,9 @@ def load_general_plugins() -> None:
             if hook_name not in record.hooks:
                 continue
             try:
+                replaced = _replaced_ops()
                 call_plugin_hook(record.name, hook_name, **_startup_kwargs(hook_name, record.name))
+                state.op_owners.update({k: record.name for k, v in _replaced_ops().items() if replaced.get(k) is not v})
             except Exception as exc:
                 record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
                 raise PluginError(
@@ -328,6 +331,17 @@ def load_general_plugins() -> None:
                     f"{hook_name} in process {get_role()} (pid {os.getpid()}): {record.error}"
                 ) from exc
     state.general_loaded = True
+
+
+def _replaced_ops() -> dict[str, type]:
+    import sys
+
+    custom_op = sys.modules.get("kernelcore.custom_op")  # not imported: nothing was replaced yet
+    return dict(custom_op.op_registry_oot) if custom_op is not None else {}
+
+
+def op_owners() -> dict[str, str]:
+    return dict(_process_state().op_owners)
 
 
 def _startup_kwargs(hook_name: str, owner: str) -> dict[str, Any]:
@@ -341,6 +355,14 @@ def _startup_kwargs(hook_name: str, owner: str) -> dict[str, Any]:
 
         return {"kernels": kernel_table.owned_by(owner)}
     return {}
+
+
+def apply_kernel_overrides() -> None:
+    """Run every ``register_triton_kernel_overrides``, each override stamped with its plugin (a worker's start-up)."""
+    from kernelcore.kernels import kernel_table
+
+    for name in implementers("register_triton_kernel_overrides"):
+        call_plugin_hook(name, "register_triton_kernel_overrides", kernels=kernel_table.owned_by(name.split(":")[0]))
 
 
 def load_stat_logger_classes() -> list[tuple[str, type]]:

@@ -13,12 +13,11 @@ logger = logging.getLogger("kernelcore.executor")
 def create_worker(config: KernelConfig, rank: int = 0, distributed_init_method: str | None = None):
     """The start-up sequence of every worker: kernel overrides, worker class, device, model, trace, env freeze."""
     from kernelcore import envs, plugins
-    from kernelcore.kernels import kernel_table, trace_winners
+    from kernelcore.kernels import trace_winners
     from kernelcore.platforms import resolve_obj_by_qualname
 
     plugins.load_general_plugins()
-    for name in plugins.implementers("register_triton_kernel_overrides"):  # each override is stamped with its plugin
-        plugins.call_plugin_hook(name, "register_triton_kernel_overrides", kernels=kernel_table.owned_by(name.split(":")[0]))
+    plugins.apply_kernel_overrides()
     worker_cls = resolve_obj_by_qualname(config.parallel.worker_cls)
     worker = worker_cls(config, rank=rank, distributed_init_method=distributed_init_method)
     worker.init_device()
