@@ -71,16 +71,43 @@ def make_device_communicator(group=None) -> Communicator:
     return cls(group) if group is not None else cls()
 
 
+def loopback_interface() -> str:
+    """The name of the interface that carries 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    import socket
+
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    raise RuntimeError("no network interface carries 127.0.0.1")
+
+
 def init_distributed(world_size: int, rank: int, init_method: str | None, backend: str) -> None:
     """Join the tensor-parallel process group and install the platform's communicator.
 
-    The rendezvous address is always loopback (``tcp://127.0.0.1:port``), chosen by the executor.
+    The executor picks the rendezvous (a file in its private directory). gloo's pair sockets
+    would otherwise bind the address the hostname resolves to, possibly a LAN one, so they are
+    kept on loopback unless ``GLOO_SOCKET_IFNAME`` names an interface explicitly.
     """
     if world_size <= 1:
         set_tp_group(None)
         return
+    import os
+
     import torch.distributed as dist
 
+    if backend in ("gloo", "nccl"):  # nccl's bootstrap sockets follow the hostname the same way
+        os.environ.setdefault(f"{backend.upper()}_SOCKET_IFNAME", loopback_interface())
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size)
     set_tp_group(make_device_communicator())
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group before the interpreter exits (gloo's threads must not outlive it)."""
+    set_tp_group(None)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up everything the tests need on a fresh machine, then run them.
+# Set up everything the tests need on a fresh machine (or in a fresh virtual environment), then run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0            # the local CPU wheel, before anything pulls a CUDA build
-python -m pip install -q -e '.[test,cuda]'            # cuda: triton (the kernel tests run in its interpreter)
+python -m pip install -q setuptools wheel         # the dummy plugin packages below build without isolation
+python -m pip install -q -e '.[test,cuda]'        # cuda: triton (the kernel tests run in its interpreter)
 python -m pip install -q --no-deps --no-build-isolation ./tests/plugins/kc_dummy_*
 python -m pytest -q -p no:cacheprovider "$@"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -32,13 +30,14 @@ def run_steps(path: str) -> torch.Tensor:
     return torch.cat(rows)
 
 
-def _worker(rank: int, world_size: int, port: int, path: str, out: str) -> None:
+def _worker(rank: int, world_size: int, store: str, path: str, out: str) -> None:
     import torch.distributed as dist
 
-    from kernelcore.distributed import TorchDistCommunicator, get_tp_group, make_device_communicator, set_tp_group
+    from kernelcore.distributed import (TorchDistCommunicator, get_tp_group, init_distributed,
+                                        make_device_communicator, set_tp_group)
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    init_distributed(world_size, rank, f"file://{store}", "gloo")  # as the CPU worker joins its group
     comm = make_device_communicator()  # the CPU platform names TorchDistCommunicator
     assert isinstance(comm, TorchDistCommunicator) and comm.world_size == world_size
     set_tp_group(comm)
@@ -46,16 +45,11 @@ def _worker(rank: int, world_size: int, port: int, path: str, out: str) -> None:
         logits = run_steps(path)
         if rank == 0:
             torch.save(logits, out)
+        dist.barrier()  # no rank tears its group down while another still talks to it
     finally:
         set_tp_group(None)
         dist.destroy_process_group()
     assert get_tp_group().world_size == 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("variant", ["llama-kv1-odd-vocab-tied", "opt-post-norm-proj"])
@@ -67,6 +61,6 @@ def test_two_ranks_match_one_rank(tmp_path, variant):
         path = make_opt_checkpoint(str(tmp_path / "m"), do_layer_norm_before=False, word_embed_proj_dim=32,
                                    vocab_size=321)
     out = str(tmp_path / "tp2.pt")
-    mp.start_processes(_worker, args=(2, _free_port(), path, out), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(2, str(tmp_path / "store"), path, out), nprocs=2, join=True, start_method="spawn")
     expected = run_steps(path)
     torch.testing.assert_close(torch.load(out), expected, atol=2e-4, rtol=1e-4)

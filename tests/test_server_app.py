@@ -46,7 +46,7 @@ def run(engine, options, body):
     return asyncio.run(main())
 
 
-def test_mid_stream_error_is_an_sse_event_then_done():
+def test_mid_stream_error_is_an_sse_event_then_done(caplog):
     engine = FakeEngine(fail_after=2)
 
     async def body(client):
@@ -56,8 +56,11 @@ def test_mid_stream_error_is_an_sse_event_then_done():
     status, text = run(engine, ServerOptions(), body)
     events = [e[len("data: "):] for e in text.strip().split("\n\n")]
     assert status == 200 and events[-1] == "[DONE]"
-    assert json.loads(events[-2]) == {"error": {"message": "boom in the engine", "type": "InternalServerError",
-                                                "param": None, "code": 500}}
+    # the client gets the server's own words; what went wrong inside goes to the log only
+    assert json.loads(events[-2]) == {"error": {"message": "The request failed inside the engine; the server log has "
+                                                "the details", "type": "InternalServerError", "param": None,
+                                                "code": 500}}
+    assert "boom in the engine" not in text and "boom in the engine" in caplog.text
     assert [json.loads(e)["choices"][0]["text"] for e in events[:-2]] == ["a", "a"]
     assert engine.aborted  # the failed request is aborted in the engine
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 MAX_SEED = 2**63 - 1
@@ -63,6 +65,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         for is_ok, message in checks:
             if not is_ok:
                 raise ValueError(message)
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.logit_bias and not all(math.isfinite(v) for v in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be finite numbers")
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not -MAX_SEED - 1 <= value <= MAX_SEED:
+                raise ValueError(f"{name} must fit in a 64-bit integer, got {value}")
 
     @property
     def is_greedy(self) -> bool:

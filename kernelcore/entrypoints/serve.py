@@ -80,11 +80,16 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Chat template: a file path or an inline Jinja string [default: the tokenizer's].")
 @_opt("--trust-request-chat-template", env="KC_TRUST_REQUEST_CHAT_TEMPLATE", is_flag=True, default=False,
       help="Let requests bring their own chat_template.")
+@_opt("--allow-special-tokens-in-content", env="KC_ALLOW_SPECIAL_TOKENS_IN_CONTENT", is_flag=True, default=False,
+      help="Tokenize special-token text inside chat messages as special tokens (by default it is plain text, "
+           "so a message cannot forge role markers or end-of-sequence).")
+@_opt("--max-choices", env="KC_MAX_CHOICES", type=int, default=64,
+      help="Most sequences one request may ask for (prompts x n).")
 @_opt("--response-role", env="KC_RESPONSE_ROLE", default="assistant", help="Role of generated chat messages.")
 @_opt("--served-model-name", env="KC_SERVED_MODEL_NAME", default=None,
       help="Name clients use for the model [default: the model directory's name].")
 @_opt("--api-key", env="KC_API_KEY", default=None, show_default=False,
-      help="Require 'Authorization: Bearer KEY' on every route except /health and /metrics.")
+      help="Require 'Authorization: Bearer KEY' on every route except /health, /ping and /metrics.")
 @_opt("--enable-prefix-caching/--no-enable-prefix-caching", env="KC_ENABLE_PREFIX_CACHING", default=None,
       show_default=False, help="Reuse KV blocks of shared prompt prefixes [default: on].")
 @_opt("--seed", env="KC_SEED", type=int, default=None, help="Engine random seed.")
@@ -115,9 +120,11 @@ def _opt(*names: str, env: str, **kwargs: Any):
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
               kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
-              trust_request_chat_template: bool, response_role: str, served_model_name: str | None,
+              trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
+              response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None,
-              enable_endpoint_plugins: bool, endpoint_plugins: str | None, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
+              enable_endpoint_plugins: bool, endpoint_plugins: str | None, enable_lora: bool, max_loras: int | None,
+              max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, shutdown_timeout: float,
@@ -147,9 +154,11 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
     options = ServerOptions(
         served_model_names=[config.model.served_model_name], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
-                      max_stop_string_length=max_stop_string_length, max_prompts=max_prompts),
+                      max_stop_string_length=max_stop_string_length, max_prompts=max_prompts,
+                      max_choices=max_choices),
         max_body_bytes=parse_size(max_request_body_bytes), chat_template=template,
-        trust_request_chat_template=trust_request_chat_template, response_role=response_role,
+        trust_request_chat_template=trust_request_chat_template,
+        allow_special_tokens_in_content=allow_special_tokens_in_content, response_role=response_role,
         enable_endpoint_plugins=enable_endpoint_plugins,
         endpoint_plugins=[n.strip() for n in (endpoint_plugins or "").split(",") if n.strip()], lora_modules=lora_modules,
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root)

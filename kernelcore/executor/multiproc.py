@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Union
 
 import msgspec
@@ -17,7 +16,7 @@ import msgspec
 from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
 from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from kernelcore.hostproc.ipc import Channel, Listener, private_socket_dir
+from kernelcore.hostproc.ipc import Channel, Listener, private_socket_dir, remove_private_dir
 
 logger = logging.getLogger("kernelcore.executor")
 
@@ -49,18 +48,13 @@ class WorkerDiedError(RuntimeError):
     """A worker process died or failed; the engine cannot continue."""
 
 
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MultiprocExecutor:
     def __init__(self, config: KernelConfig) -> None:
         self.config = config
         self.world_size = config.parallel.tensor_parallel_size
         self.socket_dir = private_socket_dir()
-        init_method = f"tcp://127.0.0.1:{_free_loopback_port()}"  # rendezvous on loopback only
+        # rendezvous through a file in the private directory: no TCP store listening on any interface
+        init_method = f"file://{os.path.join(self.socket_dir, 'tp-store')}"
         self.workers: list[hostproc.HostProcess] = []
         self.channels: list[Channel] = []
         listeners = []
@@ -143,10 +137,12 @@ class MultiprocExecutor:
         for channel in self.channels:
             channel.close()
         self.channels, self.workers = [], []
+        remove_private_dir(self.socket_dir)
 
 
 def worker_main(config: KernelConfig, rank: int, init_method: str, socket_path: str) -> None:
     """The target of a ``worker-i`` process (plugins are already loaded by hostproc)."""
+    from kernelcore.distributed import shutdown_distributed
     from kernelcore.executor.uniproc import create_worker
 
     worker = create_worker(config, rank=rank, distributed_init_method=init_method)
@@ -176,3 +172,4 @@ def worker_main(config: KernelConfig, rank: int, init_method: str, socket_path: 
             logger.exception("worker-%d failed", rank)
             channel.send(Reply(error=f"{type(exc).__name__}: {exc}"))
     channel.close()
+    shutdown_distributed()

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import os
 import selectors
+import shutil
 import socket
 import struct
 import tempfile
@@ -23,8 +24,24 @@ _HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 30
 
 
+_PREFIX = "kc-ipc-"
+
+
 def private_socket_dir() -> str:
-    return tempfile.mkdtemp(prefix="kc-ipc-")  # mkdtemp creates it 0700
+    return tempfile.mkdtemp(prefix=_PREFIX)  # mkdtemp creates it 0700
+
+
+def remove_private_dir(path: str, only_if_empty: bool = False) -> None:
+    """Remove a directory made by :func:`private_socket_dir` (nothing else: the name is checked)."""
+    if not os.path.basename(path).startswith(_PREFIX):
+        return
+    try:
+        if only_if_empty:
+            os.rmdir(path)
+        else:
+            shutil.rmtree(path)
+    except OSError:  # not empty yet, or already gone
+        pass
 
 
 class Channel:
@@ -131,6 +148,7 @@ class Listener:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        remove_private_dir(os.path.dirname(self.path), only_if_empty=True)
 
 
 class AsyncChannel:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import inspect
-import json
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from kernelcore.entrypoints.server.errors import APIError, error_response
+from kernelcore.entrypoints.server.jsonbody import decode_json
 from kernelcore.entrypoints.server.protocol import Limits
 
 logger = logging.getLogger("kernelcore.server")
@@ -29,6 +29,7 @@ class ServerOptions:
     max_body_bytes: int = 8 << 20
     chat_template: str | None = None  # --chat-template, already read from its file
     trust_request_chat_template: bool = False
+    allow_special_tokens_in_content: bool = False  # else special-token text in messages is plain text
     response_role: str = "assistant"
     enable_endpoint_plugins: bool = False  # every plugin's register_endpoints runs
     endpoint_plugins: list[str] = field(default_factory=list)  # plugin names whose register_endpoints runs
@@ -85,11 +86,7 @@ def base_request_id(request: web.Request) -> str:
 async def read_json(request: web.Request) -> Any:
     if request.content_type != "application/json":
         raise APIError(f"Unsupported Media Type: only 'application/json' is accepted, got '{request.content_type}'", 415)
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(f"Invalid JSON body: {exc}", 400) from None
+    return decode_json(await request.read())
 
 
 @web.middleware
@@ -105,7 +102,13 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return error_response(APIError(exc.reason, exc.status), headers)
-    except (asyncio.CancelledError, ConnectionError):
+    except asyncio.CancelledError:
+        if request.app[STATE].is_shutting_down and request.method == "POST":  # the shutdown deadline passed
+            from kernelcore.entrypoints.server.streaming import SHUTTING_DOWN
+
+            return error_response(APIError(SHUTTING_DOWN, 503), headers)
+        raise
+    except ConnectionError:
         raise
     except Exception:
         logger.exception("Unhandled error in %s %s", request.method, request.path)
@@ -115,14 +118,25 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     return response
 
 
+def is_authorized(request: web.Request, key: str) -> bool:
+    """``Authorization: Bearer <key>``, the scheme case-insensitive, the key compared in constant time.
+
+    Header values arrive as str with undecodable bytes kept as surrogates; they are compared as the
+    bytes they were, so no header value can raise here.
+    """
+    scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+    expected = key.encode("utf-8", "surrogateescape")
+    given_bytes = given.strip().encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given_bytes, expected) and scheme.lower() == "bearer"
+
+
 @web.middleware
 async def guard_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = get_state(request)
     key = state.options.api_key
-    if key is not None and request.path not in OPEN_PATHS:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            return web.json_response({"error": "Unauthorized"}, status=401)
+    if key is not None and request.path not in OPEN_PATHS and not is_authorized(request, key):
+        return error_response(APIError("Invalid or missing API key: send 'Authorization: Bearer <key>'", 401),
+                              {"WWW-Authenticate": "Bearer"})
     if request.content_length is not None and request.content_length > state.options.max_body_bytes:
         raise APIError(f"Request body too large: {request.content_length} bytes (at most "
                        f"{state.options.max_body_bytes})", 413)

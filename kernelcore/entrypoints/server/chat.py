@@ -13,6 +13,7 @@ from kernelcore.entrypoints.server.app import ServerState, base_request_id, get_
 from kernelcore.entrypoints.server.completions import engine_prompt, usage
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.logprobs import chat_logprobs
+from kernelcore.entrypoints.server.preprocess import check_text_fits, encode_chat, run_preprocess
 from kernelcore.entrypoints.server.protocol import GenerateRequest, parse_chat_request
 from kernelcore.entrypoints.server.streaming import (ChoiceState, EnginePrompt, check_not_aborted, engine_error,
                                                      final_outputs, merged, stream_events)
@@ -68,8 +69,8 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], template: str, c
 def chat_prompt_ids(state: ServerState, req: GenerateRequest) -> tuple[str, list[int]]:
     tokenizer = state.engine.tokenizer
     template = resolve_template(state, tokenizer, req.chat.get("chat_template"))
-    text = render_chat(tokenizer, req.messages, template, req.chat)
-    return text, tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+    return encode_chat(tokenizer, req.messages, lambda messages: render_chat(tokenizer, messages, template, req.chat),
+                       req.add_special_tokens, state.options.allow_special_tokens_in_content)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -78,7 +79,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse_chat_request(body, state.options.limits, engine.vocab_size)
     model, lora_id = await state.resolve_model(req.model)
-    text, token_ids = chat_prompt_ids(state, req)
+    if engine.tokenizer is None:
+        raise bad_request("This model has no tokenizer: chat needs one (send token ids to /v1/completions)")
+    num_chars = sum(len(m["content"]) for m in req.messages if isinstance(m.get("content"), str))
+    check_text_fits(engine.tokenizer, num_chars, engine.max_model_len)
+    text, token_ids = await run_preprocess(num_chars, chat_prompt_ids, state, req)
     prompt = engine_prompt(engine, req, text, token_ids, None)
     prompt.lora_id = lora_id
     last = req.messages[-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, AsyncIterator
 
@@ -11,6 +12,7 @@ from kernelcore.engine.outputs import RequestOutput
 from kernelcore.entrypoints.server.app import base_request_id, get_state, read_json
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.logprobs import completion_logprobs, merge_completion_logprobs
+from kernelcore.entrypoints.server.preprocess import check_text_fits, run_preprocess
 from kernelcore.entrypoints.server.protocol import GenerateRequest, make_sampling_params, parse_completion_request
 from kernelcore.entrypoints.server.streaming import (ChoiceState, EnginePrompt, check_not_aborted, engine_error,
                                                      final_outputs, merged, stream_events)
@@ -53,8 +55,13 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     prompts = []
     for prompt in req.prompts:
         if isinstance(prompt, str):
-            prompts.append(engine_prompt(engine, req, prompt, engine.tokenizer.encode(
-                prompt, add_special_tokens=req.add_special_tokens), DEFAULT_MAX_TOKENS))
+            if engine.tokenizer is None:
+                raise bad_request("This model has no tokenizer: send prompts as token ids", "prompt")
+            if req.truncate_prompt_tokens is None:
+                check_text_fits(engine.tokenizer, len(prompt), engine.max_model_len)
+            token_ids = await run_preprocess(len(prompt), functools.partial(
+                engine.tokenizer.encode, prompt, add_special_tokens=req.add_special_tokens))
+            prompts.append(engine_prompt(engine, req, prompt, token_ids, DEFAULT_MAX_TOKENS))
         else:
             prompts.append(engine_prompt(engine, req, None, list(prompt), DEFAULT_MAX_TOKENS))
     for prompt in prompts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ class Limits:
     max_stop_strings: int = 16
     max_stop_string_length: int = 256
     max_prompts: int = 64
+    max_choices: int = 64  # prompts x n: sequences one request may start
 
 
 SAMPLING_FIELDS = {  # name -> kind
@@ -40,6 +42,7 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
     "chat_template", "chat_template_kwargs", "tools", "tool_choice", "documents", "parallel_tool_calls",
 }
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _warned_fields: set[str] = set()
 
 
@@ -86,6 +89,8 @@ def _get(body: dict[str, Any], name: str, kind: str, default: Any = None) -> Any
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise _type_error(name, "a number", value)
         value = float(value)
+        if not math.isfinite(value):
+            raise _type_error(name, "a finite number", value)
     elif kind == "bool":
         if not isinstance(value, bool):
             raise _type_error(name, "a boolean", value)
@@ -176,15 +181,16 @@ def _parse_common(body: Any, limits: Limits, vocab_size: int, is_chat: bool) -> 
     if stop_token_ids:
         check_token_ids(stop_token_ids, vocab_size, "stop_token_ids")
         params["stop_token_ids"] = stop_token_ids
-    for name in ("logit_bias", "allowed_token_ids"):
-        value = body.get(name)
-        if not value:
-            continue
-        ids = [_parse_bias_key(k) for k in _get(body, name, "dict")] if name == "logit_bias" else _int_list(body, name)
-        check_token_ids(ids, vocab_size, name)
-        if name not in SamplingParams.__struct_fields__:
-            raise APIError(f"`{name}` is not supported by this server", 501, name)
-        params[name] = {int(k): float(v) for k, v in value.items()} if name == "logit_bias" else value
+    logit_bias = _get(body, "logit_bias", "dict")
+    if logit_bias:
+        params["logit_bias"] = _parse_logit_bias(logit_bias, vocab_size)
+    allowed = _int_list(body, "allowed_token_ids")
+    if allowed is not None:
+        if not allowed:
+            raise bad_request("allowed_token_ids must not be empty (omit it to allow every token)",
+                              "allowed_token_ids")
+        check_token_ids(allowed, vocab_size, "allowed_token_ids")
+        params["allowed_token_ids"] = allowed
 
     request = GenerateRequest(
         is_chat=is_chat, model=model, params=params, max_tokens=None, stream=stream,
@@ -202,11 +208,20 @@ def _parse_common(body: Any, limits: Limits, vocab_size: int, is_chat: bool) -> 
     return request
 
 
-def _parse_bias_key(key: str) -> int:
-    try:
-        return int(key)
-    except ValueError:
-        raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+def _parse_logit_bias(value: dict[str, Any], vocab_size: int) -> dict[int, float]:
+    """Token id (a decimal string key) -> a finite bias, clamped to [-100, 100] as OpenAI does."""
+    bias = {}
+    for key, amount in value.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r:.40}", "logit_bias") from None
+        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not math.isfinite(amount):
+            raise bad_request(f"logit_bias values must be finite numbers, got {amount!r:.40} for token {token_id}",
+                              "logit_bias")
+        bias[token_id] = min(max(float(amount), -100.0), 100.0)
+    check_token_ids(list(bias), vocab_size, "logit_bias")
+    return bias
 
 
 def _check_max_tokens(value: int | None, echo: bool, param: str) -> int | None:
@@ -219,14 +234,18 @@ def parse_completion_request(body: Any, limits: Limits, vocab_size: int) -> Gene
     request = _parse_common(body, limits, vocab_size, is_chat=False)
     if body.get("suffix") is not None:
         raise bad_request("suffix is not currently supported", "suffix")
+    best_of = _get(body, "best_of", "int")
+    if best_of is not None and best_of != request.n:
+        raise bad_request(f"best_of={best_of} is not supported: it must equal n ({request.n}) or be omitted", "best_of")
     request.max_tokens = _check_max_tokens(_get(body, "max_tokens", "int"), request.echo, "max_tokens")
     request.logprobs = _get(body, "logprobs", "int")
     _check_logprobs(request.logprobs, limits, "sample", "logprobs")
     request.prompts = _parse_prompt(body.get("prompt"), vocab_size)
     if len(request.prompts) > limits.max_prompts:
         raise bad_request(f"Too many prompts: {len(request.prompts)} (at most {limits.max_prompts})", "prompt")
-    if len(request.prompts) * request.n > limits.max_n * limits.max_prompts:
-        raise bad_request("Too many choices requested (prompts x n)", "n")
+    if len(request.prompts) * request.n > limits.max_choices:
+        raise bad_request(f"Too many choices requested: {len(request.prompts)} prompts x n={request.n} (at most "
+                          f"{limits.max_choices} on this server)", "n")
     return request
 
 
@@ -273,6 +292,7 @@ def parse_chat_request(body: Any, limits: Limits, vocab_size: int) -> GenerateRe
     if add_generation_prompt and continue_final_message:
         raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
     tools = _get(body, "tools", "list")
+    _check_tools(tools)
     _check_tool_choice(body.get("tool_choice"), tools)
     request.chat = {
         "add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
@@ -289,6 +309,9 @@ def _parse_messages(messages: Any) -> list[dict[str, Any]]:
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request("Each message must be an object with a string `role`", "messages")
+        if message["role"] not in ROLES:
+            raise bad_request(f"Invalid message role {message['role']!r:.40}: expected one of "
+                              f"{', '.join(sorted(ROLES))}", "messages")
         content = message.get("content")
         if isinstance(content, list):
             texts = []
@@ -302,6 +325,17 @@ def _parse_messages(messages: Any) -> list[dict[str, Any]]:
             raise _type_error("messages", "string or text-part content", content)
         parsed.append({**message, "content": content})
     return parsed
+
+
+def _check_tools(tools: list | None) -> None:
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
+                and tool.get("type", "function") == "function"):
+            raise bad_request("Each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., "
+                              "\"parameters\": {...}}}", "tools")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise _type_error("tools", "a JSON Schema object for `function.parameters`", function["parameters"])
 
 
 def _check_tool_choice(tool_choice: Any, tools: list | None) -> None:

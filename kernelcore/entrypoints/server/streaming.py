@@ -27,12 +27,25 @@ class EnginePrompt:
 
 
 def engine_error(exc: BaseException) -> APIError:
-    """Map what ``AsyncLLM.generate`` raises to the error the client sees."""
+    """Map what ``AsyncLLM.generate`` raises to the error the client sees.
+
+    Clients get the server's own words; what went wrong inside (tracebacks, tensor shapes, paths)
+    goes to the log only.
+    """
+    from kernelcore.engine.async_llm import EngineDeadError
+
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, ValueError):  # admission: the request can never be served
+    if isinstance(exc, EngineDeadError):
+        logger.error("request refused: %s", exc)
+        return APIError("The engine is not running; this server cannot serve requests now", 503)
+    if isinstance(exc, ValueError):  # admission: the request can never be served (our own message)
         return APIError(str(exc), 400)
-    return APIError(str(exc) or type(exc).__name__, 500)  # EngineDeadError, RequestError
+    logger.error("request failed in the engine: %s: %s", type(exc).__name__, exc)
+    return APIError("The request failed inside the engine; the server log has the details", 500)
+
+
+SHUTTING_DOWN = "The server is shutting down; the request was stopped"
 
 
 async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIterator[RequestOutput]:
@@ -114,7 +127,7 @@ class ChoiceState:
 
 def check_not_aborted(output: CompletionOutput) -> None:
     if output.finish_reason == "abort":
-        raise APIError("The request was aborted by the engine", 500)
+        raise APIError("The request was aborted by the engine", 503)
 
 
 class SSEWriter:
@@ -158,8 +171,18 @@ async def stream_events(request: web.Request, headers: dict[str, str],
             await writer.send(first)
         async for event in events:
             await writer.send(event)
-    except (ConnectionError, asyncio.CancelledError):
+    except ConnectionError:
         raise  # the client is gone: the generators' finally blocks abort the engine requests
+    except asyncio.CancelledError:
+        from kernelcore.entrypoints.server.app import get_state
+
+        if get_state(request).is_shutting_down:  # the shutdown deadline passed: say so before closing
+            try:
+                await asyncio.wait_for(writer.send(APIError(SHUTTING_DOWN, 503).to_dict()), 1.0)
+                return await asyncio.wait_for(writer.finish(), 1.0)
+            except (ConnectionError, asyncio.TimeoutError, RuntimeError):
+                return writer.response
+        raise
     except Exception as exc:
         error = engine_error(exc)
         if error.status >= 500:
