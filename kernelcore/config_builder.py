@@ -59,7 +59,7 @@ def _update_block_size(config: KernelConfig) -> None:
         logger.info("Block size %d chosen by platform %s (was %d)", after, config.platform_plugin, before)
 
 
-def _split(kwargs: dict[str, Any], cls: type) -> dict[str, Any]:
+def _split(kwargs: dict[str, Any], cls: Any) -> dict[str, Any]:
     names = set(cls.__dataclass_fields__)
     return {k: kwargs.pop(k) for k in list(kwargs) if k in names and kwargs[k] is not None}
 

@@ -110,8 +110,8 @@ class CustomOp(torch.nn.Module):
         return self.forward_native
 
     @classmethod
-    def register(cls, name: str) -> Callable[[type], type]:
-        def decorator(op_cls: type) -> type:
+    def register(cls, name: str) -> Callable[[Any], Any]:
+        def decorator(op_cls: Any) -> Any:
             existing = op_registry.get(name)
             if existing is not None and not _same_definition(existing, op_cls):
                 raise ValueError(f"custom op name {name!r} is registered twice: by {_owner(existing)} and by {_owner(op_cls)}")

@@ -113,7 +113,7 @@ def choose(detections: list[Detection]) -> tuple[Detection, str]:
                            "is kernelcore installed (its entry points register the built-in platforms)?")
     # Several built-ins (e.g. cuda and cpu): the highest Platform.priority wins, ties by name.
     if len(active) > 1:
-        active.sort(key=lambda d: (-getattr(resolve_obj_by_qualname(d.qualname), "priority", 0), d.name))
+        active.sort(key=lambda d: (-getattr(resolve_obj_by_qualname(d.qualname or ""), "priority", 0), d.name))
     return active[0], "built-in platform detected" + (f" (over {[d.name for d in active[1:]]})" if len(active) > 1 else "")
 
 
@@ -122,7 +122,7 @@ def resolve_platform() -> Platform:
 
     started = time.perf_counter()
     winner, why = choose(detect_all())
-    cls = resolve_obj_by_qualname(winner.qualname)
+    cls = resolve_obj_by_qualname(winner.qualname or "")
     if not (isinstance(cls, type) and issubclass(cls, Platform)):
         raise TypeError(f"platform plugin {winner.name!r} returned {winner.qualname!r}, which is not a Platform subclass")
     platform = cls()

@@ -7,6 +7,9 @@ import psutil
 import requests
 
 from test_server_e2e import start_server
+import pytest
+
+pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
 
 
 def test_tp2_serving_then_engine_death_then_sigterm():

@@ -10,6 +10,8 @@ import pytest
 
 from helpers import run_python
 
+pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
+
 TESTS_DIR = os.path.dirname(__file__)
 
 
@@ -68,6 +70,7 @@ import asyncio, json, os, signal, sys, time
 from kernelcore.config_builder import build_config
 from kernelcore.engine.async_llm import AsyncLLM, EngineDeadError
 from kernelcore.engine.sampling_params import SamplingParams
+
 
 async def main():
     llm = await AsyncLLM.create(build_config(model=MODEL, tensor_parallel_size=TP, kv_cache_memory=1 << 24))

@@ -14,8 +14,9 @@ class CpuWorker(WorkerBase):
     def load_model(self) -> None:
         from builtin_plugins.cpu.model_runner import CpuModelRunner
 
-        self.model_runner = CpuModelRunner(self.config)
-        self.model_runner.load_model()
+        runner = CpuModelRunner(self.config)
+        runner.load_model()
+        self.model_runner = runner
 
     def init_device(self) -> None:
         super().init_device()

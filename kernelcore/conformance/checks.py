@@ -95,14 +95,14 @@ def hooks_are_idempotent(platform: Any) -> str:
     return f"pre_register_and_update twice adds {names or 'no options'} once; config hooks are idempotent"
 
 
-def named_classes_resolve(platform: Any, block_size: int) -> tuple[str, type]:
+def named_classes_resolve(platform: Any, block_size: int) -> tuple[str, type | None]:
     from kernelcore.attention import AttentionBackend, AttentionSelector
     from kernelcore.distributed import Communicator
     from kernelcore.executor.worker import WorkerBase
     from kernelcore.platforms import resolve_obj_by_qualname
 
     config = _platform_config(platform)
-    checks = [("worker_cls", config.parallel.worker_cls, WorkerBase)]
+    checks: list[tuple[str, Any, type]] = [("worker_cls", config.parallel.worker_cls, WorkerBase)]
     selector = AttentionSelector(head_size=64, num_heads=4, num_kv_heads=2, dtype="float32", block_size=block_size)
     if _hook(platform, "get_attn_backend_cls") is not None:
         checks.append(("get_attn_backend_cls", platform.get_attn_backend_cls(selector=selector), AttentionBackend))

@@ -38,7 +38,7 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, kv
     return out.transpose(0, 1).reshape(length, heads * d)
 
 
-def check_attention_backend(backend_cls: type, block_size: int, dtype: torch.dtype = torch.float32,
+def check_attention_backend(backend_cls: Any, block_size: int, dtype: torch.dtype = torch.float32,
                             atol: float = 2e-4) -> str:
     """Run three steps of a ragged batch through the backend; raise naming the first mismatch."""
     generator = torch.Generator().manual_seed(0)

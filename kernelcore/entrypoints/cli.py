@@ -25,7 +25,7 @@ class KcGroup(click.Group):
 
             plugins.load_general_plugins()
             plugins.get_plugin_manager().hook.pre_register_and_update(parser=command)
-            command._kc_extended = True
+            setattr(command, "_kc_extended", True)
         return command
 
     def invoke(self, ctx: click.Context):

@@ -45,7 +45,7 @@ def _lora_modules(ctx: click.Context, param: click.Parameter, values: tuple[str,
     modules = {}
     for value in (v for group in values for v in group.split()):
         if value.startswith("{"):
-            parsed = _json_object(ctx, param, value)
+            parsed = _json_object(ctx, param, value) or {}
             name, path = parsed.get("name"), parsed.get("path")
         else:
             name, _, path = value.partition("=")
@@ -152,11 +152,11 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
         max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
     options = ServerOptions(
-        served_model_names=[config.model.served_model_name], api_key=api_key,
+        served_model_names=[config.model.served_model_name or config.model.model or ""], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
                       max_stop_string_length=max_stop_string_length, max_prompts=max_prompts,
                       max_choices=max_choices),
-        max_body_bytes=parse_size(max_request_body_bytes), chat_template=template,
+        max_body_bytes=parse_size(max_request_body_bytes) or 0, chat_template=template,
         trust_request_chat_template=trust_request_chat_template,
         allow_special_tokens_in_content=allow_special_tokens_in_content, response_role=response_role,
         enable_endpoint_plugins=enable_endpoint_plugins,
@@ -166,7 +166,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
     sys.exit(0)
 
 
-serve_cmd.kc_engine_args = True
+setattr(serve_cmd, "kc_engine_args", True)  # KcGroup lets the platform extend it (pre_register_and_update)
 
 
 async def run_server(config: Any, options: Any, host: str, port: int, shutdown_timeout: float) -> None:

@@ -36,7 +36,7 @@ class _Entry:
 
     @cached_property
     def model_cls(self) -> type:
-        if not self.is_lazy:
+        if isinstance(self.target, type):
             return self.target
         module_name, _, class_name = self.target.partition(":")
         return getattr(importlib.import_module(module_name), class_name)
