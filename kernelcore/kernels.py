@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kernelcore.contract import deprecated_names
+
 logger = logging.getLogger("kernelcore.kernels")
 
 
@@ -77,6 +79,10 @@ class KernelTable:
     def has(self, name: str) -> bool:
         return name in self._entries
 
+    def owners(self) -> list[str]:
+        """The plugins whose kernels are in the table."""
+        return sorted({e.owner for e in self._entries.values()})
+
     def winners(self) -> dict[str, str]:
         """name -> "owner:function" of the implementation in use (for the trace)."""
         return {n: f"{e.owner}:{getattr(e.fn, '__qualname__', repr(e.fn))}" for n, e in sorted(self._entries.items())}
@@ -85,16 +91,15 @@ class KernelTable:
 kernel_table = KernelTable()
 
 
-def trace_winners() -> None:
-    """Write the implementation in use for each kernel to the plugin trace.
+def _trace_winners() -> Callable[[], None]:
+    from kernelcore import plugins
 
-    The core calls it at the end of every worker's start-up; plugins need not.
-    """
-    from kernelcore import envs, plugins
+    return plugins.trace_kernel_table
 
-    winners = kernel_table.winners()
-    owners = sorted({e.owner for e in kernel_table._entries.values()})
-    plugins.trace_event(envs.KC_TRACE_PLUGINS, hook="kernel_table", plugins=owners, result=winners, ok=True)
+
+# trace_winners moved: the core writes the kernel_table trace event at the end of every worker's start-up.
+__getattr__ = deprecated_names(__name__, {"trace_winners": ("kernelcore.plugins.trace_kernel_table", _trace_winners)},
+                               removed_in="1.1")
 
 
 # -- the named kernels: their contract and torch reference implementations ------------------------------

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kernelcore import envs
+from kernelcore import envs, plugins
 from kernelcore.hookspecs import hookimpl
 
 logger = logging.getLogger("kernelcore.platforms")
@@ -75,8 +75,6 @@ class Detection:
 
 def detect_all() -> list[Detection]:
     """Call every loaded platform detector once; a raising one counts as inactive."""
-    from kernelcore import plugins
-
     detections = []
     for record in plugins.load_platform_plugins():
         if record.status != "loaded" or "detect_platform" not in record.hooks:
@@ -118,8 +116,6 @@ def choose(detections: list[Detection]) -> tuple[Detection, str]:
 
 
 def resolve_platform() -> Platform:
-    from kernelcore import plugins
-
     started = time.perf_counter()
     winner, why = choose(detect_all())
     cls = resolve_obj_by_qualname(winner.qualname or "")
@@ -137,17 +133,15 @@ def resolve_platform() -> Platform:
     return platform
 
 
-_current_platform: Platform | None = None
-
-
 def __getattr__(name: str) -> Any:
-    global _current_platform
     if name == "current_platform":
-        if _current_platform is None:
-            _current_platform = resolve_platform()
-        return _current_platform
+        # Held in the per-process plugin state: a forked child resolves (and registers) its own.
+        state = plugins.process_state()
+        if state.platform is None:
+            state.platform = resolve_platform()
+        return state.platform
     raise AttributeError(f"module 'kernelcore.platforms' has no attribute {name!r}")
 
 
 def is_resolved() -> bool:
-    return _current_platform is not None
+    return plugins.process_state().platform is not None

@@ -51,6 +51,7 @@ class _ProcessState:
     general_loaded: bool = False
     platform_loaded: bool = False
     op_owners: dict[str, str] = field(default_factory=dict)  # in-tree op name -> plugin whose register_ops replaced it
+    platform: Any = None  # this process's Platform instance (kernelcore.platforms.current_platform)
 
 
 _state: _ProcessState | None = None
@@ -71,6 +72,11 @@ def _process_state() -> _ProcessState:
 
 def get_plugin_manager() -> pluggy.PluginManager:
     return _process_state().pm
+
+
+def process_state() -> _ProcessState:
+    """This process's plugin manager, plugin records and platform (rebuilt after a fork)."""
+    return _process_state()
 
 
 def reset_for_tests() -> None:
@@ -363,6 +369,14 @@ def apply_kernel_overrides() -> None:
 
     for name in implementers("register_triton_kernel_overrides"):
         call_plugin_hook(name, "register_triton_kernel_overrides", kernels=kernel_table.owned_by(name.split(":")[0]))
+
+
+def trace_kernel_table() -> None:
+    """Write the implementation in use for each kernel to the plugin trace (end of every worker's start-up)."""
+    from kernelcore.kernels import kernel_table
+
+    trace_event(envs.KC_TRACE_PLUGINS, hook="kernel_table", plugins=kernel_table.owners(),
+                result=kernel_table.winners(), ok=True)
 
 
 def load_stat_logger_classes() -> list[tuple[str, type]]:

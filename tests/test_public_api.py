@@ -127,3 +127,30 @@ def test_builtin_platforms_are_ordered_by_priority_not_by_name():
     assert platforms.choose([cpu, cuda])[0] is cuda
     assert platforms.choose([cpu, other])[0] is other
     assert platforms.choose([other, cuda])[0] is other  # equal priority: by name
+
+
+def test_a_plugin_declares_its_own_environment_variable(monkeypatch):
+    import builtin_plugins.cpu  # noqa: F401  (declares KC_CPU_NATIVE_KERNELS)
+    from kernelcore import envs
+
+    monkeypatch.setattr(envs, "VARIABLES", dict(envs.VARIABLES))  # restored afterwards
+    monkeypatch.setattr(envs, "OWNERS", dict(envs.OWNERS))
+    monkeypatch.setenv("KC_NOVA_CORES", "12")
+    envs.declare("KC_NOVA_CORES", lambda v: int(v or 8), owner="nova")
+    envs.declare("KC_NOVA_CORES", lambda v: int(v or 8), owner="nova")  # a re-import: fine
+    assert envs.KC_NOVA_CORES == 12
+    envs.freeze()
+    monkeypatch.setenv("KC_NOVA_CORES", "3")
+    assert envs.KC_NOVA_CORES == 12
+    with pytest.raises(ValueError, match="nova already declared"):
+        envs.declare("KC_NOVA_CORES", int, owner="other")
+    with pytest.raises(ValueError, match="start with KC_"):
+        envs.declare("NOVA_CORES", int, owner="nova")
+    assert envs.OWNERS["KC_CPU_NATIVE_KERNELS"] == "cpu"  # the built-in plugins declare theirs the same way
+
+
+def test_trace_winners_still_works_with_a_deprecation_warning():
+    from kernelcore import kernels, plugins
+
+    with pytest.warns(contract.KernelcoreDeprecationWarning, match="kernelcore.plugins.trace_kernel_table"):
+        assert kernels.trace_winners is plugins.trace_kernel_table

@@ -156,3 +156,28 @@ def test_endpoint_plugin_enabled_apart_from_the_allow_list_on_the_vendor_platfor
     log = "".join(lines) + rest
     assert "Endpoint plugin 'dummy_endpoints' registered its routes" in log
     assert "DummyWorker rank 0: KV block size 32" in log  # a plugin logger's line reaches the server log
+
+
+def test_a_forked_child_has_the_platform_registered_with_its_own_plugin_manager():
+    out = run_python("""
+        import json, os
+        from kernelcore import plugins
+        from kernelcore.attention import AttentionSelector
+        from kernelcore.platforms import current_platform
+        plugins.load_general_plugins()
+        parent = id(current_platform)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            import kernelcore.platforms as p
+            plugins.load_general_plugins()
+            selector = AttentionSelector(64, 4, 2, "float32", 16)
+            answer = plugins.get_plugin_manager().hook.get_attn_backend_cls(selector=selector)
+            os.write(write, json.dumps([p.current_platform.device_name, id(p.current_platform) != parent,
+                                        answer]).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(os.read(read, 4096).decode())
+    """, KC_DUMMY_DEVICE="1").stdout
+    assert json.loads(out.strip().splitlines()[-1]) == ["DummyDevice", True,
+                                                        "kc_dummy_platform.attention.DummyAttentionBackend"]

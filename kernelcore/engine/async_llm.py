@@ -231,7 +231,6 @@ class AsyncLLM:
                     logger.exception("stat logger %s failed", type(stat_logger).__name__)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
-        self._is_shutting_down = True
         for task in self._tasks:
             task.cancel()
         if self._channel is not None and not self.is_dead:

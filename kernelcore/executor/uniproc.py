@@ -13,7 +13,6 @@ logger = logging.getLogger("kernelcore.executor")
 def create_worker(config: KernelConfig, rank: int = 0, distributed_init_method: str | None = None):
     """The start-up sequence of every worker: kernel overrides, worker class, device, model, trace, env freeze."""
     from kernelcore import envs, plugins
-    from kernelcore.kernels import trace_winners
     from kernelcore.platforms import resolve_obj_by_qualname
 
     plugins.load_general_plugins()
@@ -22,7 +21,7 @@ def create_worker(config: KernelConfig, rank: int = 0, distributed_init_method: 
     worker = worker_cls(config, rank=rank, distributed_init_method=distributed_init_method)
     worker.init_device()
     worker.load_model()
-    trace_winners()
+    plugins.trace_kernel_table()
     envs.freeze()
     return worker
 
