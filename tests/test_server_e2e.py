@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import aiohttp
@@ -32,15 +33,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(*args: str, timeout: float = 180) -> tuple[subprocess.Popen, str]:
+def start_server(*args: str, timeout: float = 180, **env: str) -> tuple[subprocess.Popen, str]:
+    """`kc serve` on a free port; its output goes to a file (a pipe nobody reads would fill and block it)."""
     port = free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="kc-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "kernelcore.entrypoints.cli", "serve", "--port", str(port), *args],
-                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=clean_env(**env), stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log_path = log.name
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}):\n{proc.stdout.read()}")
+            raise RuntimeError(f"server exited ({proc.returncode}):\n{server_log(proc)}")
         try:
             if requests.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
@@ -48,7 +52,12 @@ def start_server(*args: str, timeout: float = 180) -> tuple[subprocess.Popen, st
             pass
         time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("server did not become healthy in time")
+    raise RuntimeError(f"server did not become healthy in time:\n{server_log(proc)}")
+
+
+def server_log(proc: subprocess.Popen) -> str:
+    with open(proc.log_path) as f:
+        return f.read()
 
 
 def stop_server(proc: subprocess.Popen) -> None:

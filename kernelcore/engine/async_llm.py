@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -22,7 +23,7 @@ from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
 from kernelcore.engine.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
-from kernelcore.hostproc.ipc import AsyncChannel
+from kernelcore.hostproc.ipc import AsyncChannel, remove_private_dir
 from kernelcore.metrics import StatLoggerBase
 from kernelcore.metrics.request_stats import FinishedRequestStats
 from kernelcore.metrics.stats import EngineStats
@@ -58,11 +59,13 @@ class AsyncLLM:
         self._channel: AsyncChannel | None = None
         self._tasks: list[asyncio.Task] = []
         self._log_interval = 5.0
+        self._private_dir = ""
 
     @classmethod
     async def create(cls, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> "AsyncLLM":
         self = cls(config, stat_loggers)
         self.process, listener, info = await asyncio.to_thread(start_engine_core, config)
+        self._private_dir = os.path.dirname(listener.path)
         try:
             sock = await asyncio.to_thread(listener.accept_socket, 30.0)
         finally:
@@ -242,6 +245,7 @@ class AsyncLLM:
         self.process.terminate()
         if self._channel is not None:
             self._channel.close()
+        remove_private_dir(self._private_dir)
         for stat_logger in self.stat_loggers:
             stat_logger.shutdown()
         self._die(EngineDeadError("the engine was shut down"), is_expected=True)

@@ -16,7 +16,7 @@ from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, Co
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.engine.scheduler import RequestRejected
-from kernelcore.hostproc.ipc import Listener, private_socket_dir
+from kernelcore.hostproc.ipc import Listener, private_socket_dir, remove_private_dir
 
 
 class EngineDeadError(RuntimeError):
@@ -37,6 +37,7 @@ def start_engine_core(config: KernelConfig) -> tuple[hostproc.HostProcess, Liste
     except BaseException:
         listener.close()
         process.terminate()
+        remove_private_dir(os.path.dirname(listener.path))
         raise
     return process, listener, info
 
@@ -49,6 +50,7 @@ class MPEngineCoreClient:
         finally:
             listener.close()
         self.num_blocks, self.block_size, self.vocab_size = info["num_blocks"], info["block_size"], info["vocab_size"]
+        self.private_dir = os.path.dirname(listener.path)
         self.unfinished: set[str] = set()
 
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -97,3 +99,4 @@ class MPEngineCoreClient:
         self.process.process.join(10)
         self.process.terminate()
         self.channel.close()
+        remove_private_dir(self.private_dir)

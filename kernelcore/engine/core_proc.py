@@ -9,6 +9,7 @@ All are msgspec Structs (msgpack on the wire): nothing is pickled.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Union
 
 import msgspec
@@ -17,7 +18,7 @@ from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.hostproc.ipc import Channel
+from kernelcore.hostproc.ipc import Channel, use_private_root
 
 logger = logging.getLogger("kernelcore.engine")
 
@@ -125,6 +126,7 @@ class EngineCoreLoop:
 
 def run_engine_core(config: KernelConfig, socket_path: str) -> None:
     """The target of the ``engine-core`` process (plugins are already loaded by hostproc)."""
+    use_private_root(os.path.dirname(socket_path))  # the front end removes the executor's sockets with its own
     channel = Channel.connect(socket_path, ToCore)
     loop = EngineCoreLoop(config, channel)
     envs.freeze()

@@ -115,6 +115,9 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--max-stop-string-length", env="KC_MAX_STOP_STRING_LENGTH", type=int, default=256,
       help="Longest stop string, in characters.")
 @_opt("--max-prompts", env="KC_MAX_PROMPTS", type=int, default=64, help="Most prompts in one completions request.")
+@_opt("--request-read-timeout", env="KC_REQUEST_READ_TIMEOUT", type=float, default=30.0,
+      help="Seconds a client may take to send a request's headers (then the connection is closed), and its body "
+           "(then 408); also how long an idle keep-alive connection stays open.")
 @_opt("--shutdown-timeout", env="KC_SHUTDOWN_TIMEOUT", type=float, default=10.0,
       help="Seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them.")
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None, max_model_len: int | None,
@@ -127,7 +130,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
-              max_stop_strings: int, max_stop_string_length: int, max_prompts: int, shutdown_timeout: float,
+              max_stop_strings: int, max_stop_string_length: int, max_prompts: int, request_read_timeout: float,
+              shutdown_timeout: float,
               **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
     OpenAI-compatible HTTP API. Platform plugins may add options of their own.
@@ -161,7 +165,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         allow_special_tokens_in_content=allow_special_tokens_in_content, response_role=response_role,
         enable_endpoint_plugins=enable_endpoint_plugins,
         endpoint_plugins=[n.strip() for n in (endpoint_plugins or "").split(",") if n.strip()], lora_modules=lora_modules,
-        allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root)
+        allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
+        read_timeout=request_read_timeout)
     asyncio.run(run_server(config, options, host, port, shutdown_timeout))
     sys.exit(0)
 
@@ -189,7 +194,8 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
     try:
         app = await create_app(engine, options, prometheus)
         state = app[STATE]
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
+                               keepalive_timeout=options.read_timeout)  # also closes a half-sent request
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()

@@ -25,10 +25,19 @@ MAX_FRAME = 1 << 30
 
 
 _PREFIX = "kc-ipc-"
+_root: str | None = None  # where this process makes its private directories (inside its parent's)
+
+
+def use_private_root(path: str) -> None:
+    """Make later private directories inside ``path``, so whoever owns it removes them all, even after a crash."""
+    global _root
+    _root = path
 
 
 def private_socket_dir() -> str:
-    return tempfile.mkdtemp(prefix=_PREFIX)  # mkdtemp creates it 0700
+    # nested only while socket paths stay well inside AF_UNIX's 108 bytes
+    root = _root if _root is not None and len(_root) < 64 else None
+    return tempfile.mkdtemp(prefix=_PREFIX, dir=root)  # mkdtemp creates it 0700
 
 
 def remove_private_dir(path: str, only_if_empty: bool = False) -> None:

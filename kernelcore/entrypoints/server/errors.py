@@ -11,6 +11,7 @@ ERROR_TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowed",
+    408: "RequestTimeout",
     413: "RequestEntityTooLarge",
     415: "Unsupported Media Type",
     500: "InternalServerError",

@@ -20,6 +20,7 @@ class ServerOptions:
     api_key: str | None = None
     limits: Limits = field(default_factory=Limits)
     max_body_bytes: int = 8 << 20
+    read_timeout: float = 30.0  # seconds a client may take to send its headers, and its body
     chat_template: str | None = None  # --chat-template, already read from its file
     trust_request_chat_template: bool = False
     allow_special_tokens_in_content: bool = False  # else special-token text in messages is plain text
@@ -79,4 +80,9 @@ def base_request_id(request: web.Request) -> str:
 async def read_json(request: web.Request) -> Any:
     if request.content_type != "application/json":
         raise APIError(f"Unsupported Media Type: only 'application/json' is accepted, got '{request.content_type}'", 415)
-    return decode_json(await request.read())
+    try:
+        raw = await asyncio.wait_for(request.read(), get_state(request).options.read_timeout)
+    except asyncio.TimeoutError:
+        raise APIError(f"The request body did not arrive within {get_state(request).options.read_timeout:g}s",
+                       408) from None
+    return decode_json(raw)

@@ -174,7 +174,7 @@ async def stream_events(request: web.Request, headers: dict[str, str],
     except ConnectionError:
         raise  # the client is gone: the generators' finally blocks abort the engine requests
     except asyncio.CancelledError:
-        from kernelcore.entrypoints.server.app import get_state
+        from kernelcore.entrypoints.server.state import get_state
 
         if get_state(request).is_shutting_down:  # the shutdown deadline passed: say so before closing
             try:
