@@ -19,6 +19,8 @@ class ModelConfig:
     chat_template: str | None = None
     served_model_name: str | None = None
     architecture: str | None = None  # resolved by build_config
+    enforce_eager: bool = False  # never capture decode graphs, even where the platform can
+    graph_capture_sizes: list[int] | None = None  # decode batch sizes to capture; None = 1, 2, 4, 8, 16, ...
 
 
 @dataclass

@@ -96,9 +96,10 @@ def build_config(**kwargs: Any) -> KernelConfig:
         raise TypeError(f"unknown config arguments: {unknown}")
 
     if model.model is None:
-        from kernelcore.models.default_model import ensure_default_model
+        from kernelcore.models.default_model import describe, ensure_default_model
 
         model.model = ensure_default_model()
+        logger.warning(describe(model.model))
     model.model = os.path.abspath(os.path.expanduser(model.model))
     hf_config = load_hf_config(model)
     architectures = list(getattr(hf_config, "architectures", None) or [])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class Platform:
     priority: int = 0  # among several active built-in platforms, the highest wins
     plugin_name: str = "?"  # the entry point that detected it (set by the core)
     is_builtin: bool = False  # set by the core from the entry point's distribution
+    decision: dict | None = None  # why it won, and every detector's answer (set by the core)
 
     def is_out_of_tree(self) -> bool:
         return not self.is_builtin
@@ -52,6 +54,10 @@ class Platform:
 
     @hookimpl
     def get_device_communicator_cls(self):
+        return None
+
+    @hookimpl
+    def get_graph_capture_backend_cls(self, config):
         return None
 
 
@@ -117,12 +123,14 @@ def choose(detections: list[Detection]) -> tuple[Detection, str]:
 
 def resolve_platform() -> Platform:
     started = time.perf_counter()
-    winner, why = choose(detect_all())
+    detections = detect_all()
+    winner, why = choose(detections)
     cls = resolve_obj_by_qualname(winner.qualname or "")
     if not (isinstance(cls, type) and issubclass(cls, Platform)):
         raise TypeError(f"platform plugin {winner.name!r} returned {winner.qualname!r}, which is not a Platform subclass")
     platform = cls()
     platform.plugin_name, platform.is_builtin = winner.name, winner.is_builtin
+    platform.decision = {"why": why, "detections": [dataclasses.asdict(d) for d in detections]}
     if platform.is_out_of_tree():
         logger.info("Platform plugin %s is activated", winner.name)
     else:

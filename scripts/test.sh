@@ -2,6 +2,11 @@
 # Set up everything the tests need on a fresh machine (or in a fresh virtual environment), then run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ ! -x /usr/bin/chromium ]; then  # the browser test drives Debian's chromium (never a downloaded browser)
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+        || echo "test.sh: could not install chromium (apt-get); tests/test_web_console.py will fail until it is" >&2
+fi
 python -m pip install -q torch==2.13.0            # the local CPU wheel, before anything pulls a CUDA build
 python -m pip install -q setuptools wheel         # the dummy plugin packages below build without isolation
 python -m pip install -q -e '.[test,cuda]'        # cuda: triton (the kernel tests run in its interpreter)

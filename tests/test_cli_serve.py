@@ -14,9 +14,23 @@ def test_serve_help_lists_flags_and_env_vars():
                  "--max-num-batched-tokens", "--kv-cache-memory", "--dtype", "--hf-overrides", "--chat-template",
                  "--served-model-name", "--api-key", "--enable-prefix-caching", "--no-enable-prefix-caching", "--seed",
                  "--max-request-body-bytes", "--max-n", "--max-logprobs", "--max-stop-strings",
-                 "--trust-request-chat-template", "--enable-endpoint-plugins", "--shutdown-timeout"):
+                 "--trust-request-chat-template", "--enable-endpoint-plugins", "--shutdown-timeout", "--enforce-eager"):
         assert flag in out, flag
     assert "KC_API_KEY" in out and "127.0.0.1" in out
+
+
+def test_serve_help_explains_the_operator_flags():
+    out = " ".join(run_kc("serve", "--help").stdout.split())
+    assert "--default-max-tokens" in out and "Without it a chat request generates until the model stops" in out
+    assert "--metrics-prefix" in out and "`vllm` makes vLLM's dashboards" in out
+    assert "--no-web-console" in out
+
+
+def test_bad_metrics_prefix_is_a_usage_error():
+    from kernelcore.entrypoints.serve import serve_cmd
+
+    result = CliRunner().invoke(serve_cmd, ["--metrics-prefix", "bad prefix!"])
+    assert result.exit_code == 2 and "--metrics-prefix" in result.output
 
 
 def test_platform_can_add_serve_options():
@@ -27,6 +41,24 @@ def test_platform_can_add_serve_options():
 def test_platform_option_value_reaches_the_platform_through_the_config():
     proc = run_kc("serve", "--dummy-flag", "refuse", "--port", "0", check=False, KC_DUMMY_DEVICE="1")
     assert proc.returncode != 0 and "DummyPlatform refuses --dummy-flag=refuse" in proc.stderr
+
+
+@pytest.mark.parametrize("args, eager", [(["--enforce-eager"], True), ([], False)])
+def test_enforce_eager_reaches_the_config(monkeypatch, args, eager):
+    """The flag's value in the real config serve builds (stopped right after, before any engine starts)."""
+    import kernelcore.config_builder as config_builder
+    from kernelcore.entrypoints.serve import serve_cmd
+
+    real, built = config_builder.build_config, []
+
+    def build_then_stop(**kwargs):
+        built.append(real(**kwargs))
+        raise click.Abort()
+
+    monkeypatch.setattr(config_builder, "build_config", build_then_stop)
+    result = CliRunner().invoke(serve_cmd, args)
+    assert result.exit_code != 0 and len(built) == 1
+    assert built[0].model.enforce_eager is eager
 
 
 def test_bench_mounts_serve_and_throughput():

@@ -49,11 +49,12 @@ config = build_config(model={path!r}, dtype="auto")
 pm = plugins.get_plugin_manager()
 print(config.parallel.worker_cls, config.model.dtype, config.custom_ops,
       pm.hook.get_attn_backend_cls(selector=AttentionSelector(16, 4, 2, "bfloat16", 16)),
-      pm.hook.get_device_communicator_cls(), torch.cuda.is_initialized())
+      pm.hook.get_device_communicator_cls(), pm.hook.get_graph_capture_backend_cls(config=config),
+      torch.cuda.is_initialized())
 """).stdout.split()
     assert out == ["builtin_plugins.cuda.worker.CudaWorker", "bfloat16", "['all']",
                    "builtin_plugins.cuda.attention.TritonAttentionBackend", "kernelcore.distributed.TorchDistCommunicator",
-                   "False"]
+                   "builtin_plugins.cuda.graphs.CudaGraphCaptureBackend", "False"]
 
 
 def test_missing_triton_says_what_to_install(tmp_path):

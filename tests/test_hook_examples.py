@@ -131,3 +131,10 @@ def test_register_endpoints():
             return await reply.json()
 
     assert asyncio.run(go()) == {"running": 2, "waiting": 1}
+
+
+def test_get_graph_capture_backend_cls():
+    config = KernelConfig()
+    assert load_example("get_graph_capture_backend_cls")(config=config) == "nova_kc.graphs.NovaGraphBackend"
+    config.parallel.tensor_parallel_size = 2
+    assert load_example("get_graph_capture_backend_cls")(config=config) is None

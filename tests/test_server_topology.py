@@ -41,6 +41,13 @@ def test_tp2_serving_then_engine_death_then_sigterm(tmpdir_short):
         body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
         r = requests.post(url + "/v1/completions", json=body, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+        processes = requests.get(url + "/console/api/overview", timeout=30).json()["processes"]
+        by_role = {p["role"]: p for p in processes}
+        assert set(by_role) == {"frontend", "engine-core", "worker-0", "worker-1"}
+        for rank in (0, 1):  # the workers hang under the engine core, each with the general plugins loaded
+            worker = by_role[f"worker-{rank}"]
+            assert worker["parent_pid"] == by_role["engine-core"]["pid"] and worker["alive"]
+            assert {"cpu", "models"} <= {p["name"] for p in worker["plugins"]}
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) >= 3  # engine core and two workers
         listening = _listening([psutil.Process(proc.pid), *children])

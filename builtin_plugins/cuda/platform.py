@@ -55,3 +55,7 @@ class CudaPlatform(Platform):
     @hookimpl
     def get_device_communicator_cls(self):
         return "kernelcore.distributed.TorchDistCommunicator"  # over the nccl process group the worker joins
+
+    @hookimpl
+    def get_graph_capture_backend_cls(self, config):
+        return "builtin_plugins.cuda.graphs.CudaGraphCaptureBackend"

@@ -2,7 +2,7 @@
 
 The KV-cache budget is measured here, after the weights are on the device: the free memory less a
 headroom for activations, unless the user set ``cache.kv_cache_memory`` (then at most the free memory).
-CUDA graphs for decode batches are not captured yet (docs/performance.md).
+Decode batches replay CUDA graphs (builtin_plugins/cuda/graphs.py) unless ``enforce_eager`` is set.
 """
 
 from __future__ import annotations

@@ -130,6 +130,14 @@ class AsyncLLM:
     async def abort(self, request_id: str) -> None:
         self.abort_nowait(request_id)
 
+    def fail_all(self, error: BaseException) -> int:
+        """Abort every request in flight; each ``generate`` raises ``error``. Returns how many there were."""
+        failed = list(self.tracked.items())
+        for request_id, tracked in failed:
+            self.abort_nowait(request_id)
+            tracked.queue.put_nowait(error)
+        return len(failed)
+
     async def add_lora(self, lora_id: int, path: str, name: str | None = None) -> None:
         """Register an adapter directory (validated by the caller) before requests use ``lora_id``."""
         if self.dead_error is not None:

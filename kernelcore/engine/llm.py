@@ -135,7 +135,8 @@ class LLM:
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True,
+                   disable=None if use_tqdm else True)  # None: only on a terminal
         num_output_tokens = 0
         try:
             while len(finished) < len(request_ids):

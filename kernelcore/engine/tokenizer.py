@@ -10,7 +10,12 @@ from typing import Any
 def get_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    # kernelcore checks every prompt against max_model_len itself (a clear 400); transformers' "Token indices
+    # sequence length is longer than the specified maximum" warning would be false here. This is the flag
+    # transformers sets once it has warned, so it stays quiet without touching any logger.
+    tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
+    return tokenizer
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:

@@ -73,20 +73,59 @@ def _run(coro) -> None:
         raise click.ClickException(f"cannot reach the server: {exc} (is `kc serve` running?)") from None
 
 
+CHAT_HELP = """Commands (handled here, never sent to the model):
+  /help          this list
+  /reset         forget the conversation (keeps the system message)
+  /system TEXT   set the system message (and start over); /system alone clears it
+  /exit, /quit   leave (Ctrl-D too)
+  //TEXT         send a message that starts with a slash"""
+
+
+class ChatSession:
+    """The conversation of `kc chat` and its slash commands."""
+
+    def __init__(self, system: str | None = None) -> None:
+        self.system = system
+        self.history: list[dict[str, str]] = []
+
+    def messages(self) -> list[dict[str, str]]:
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+
+    def command(self, text: str) -> str | None:
+        """The reply to a slash command, "" to leave, or None when ``text`` is a message for the model."""
+        name, _, arg = text.strip().partition(" ")
+        if not name.startswith("/") or name.startswith("//"):
+            return None
+        if name in ("/exit", "/quit"):
+            return ""
+        if name == "/help":
+            return CHAT_HELP
+        if name == "/reset":
+            self.history = []
+            return "(conversation cleared)"
+        if name == "/system":
+            self.system, self.history = arg.strip() or None, []
+            return "(system message set; conversation cleared)" if self.system else "(system message cleared)"
+        return f"unknown command {name}; /help lists the commands"
+
+
 @click.command("chat")
 @_client_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
 @click.option("-m", "--message", "messages", multiple=True, help="Send these user messages and exit (no prompt).")
 def chat_cmd(url: str, api_key: str | None, model: str | None, max_tokens: int, temperature: float,
              system: str | None, messages: tuple[str, ...]) -> None:
-    """Chat with a running server; replies stream as they are generated. Ctrl-D or /exit quits."""
+    """Chat with a running server; replies stream as they are generated. /help lists the commands; Ctrl-D or
+    /exit quits."""
 
     async def main() -> None:
         client = Client(url, api_key)
         try:
             name = await client.model(model)
-            history = [{"role": "system", "content": system}] if system else []
+            session = ChatSession(system)
             pending = list(messages)
+            if not messages:
+                click.echo(f"kc chat: model {name} at {client.url} (/help for commands, /exit or Ctrl-D to quit)")
             while True:
                 if messages:
                     if not pending:
@@ -97,18 +136,25 @@ def chat_cmd(url: str, api_key: str | None, model: str | None, max_tokens: int, 
                         text = await asyncio.to_thread(input, "> ")
                     except EOFError:
                         return
-                    if text.strip() in ("/exit", "/quit"):
+                    reply = session.command(text)
+                    if reply == "":
                         return
-                history.append({"role": "user", "content": text})
-                reply = []
-                body = {"model": name, "messages": history, "max_tokens": max_tokens, "temperature": temperature}
+                    if reply is not None:
+                        click.echo(reply)
+                        continue
+                    if text.startswith("//"):  # an escaped slash: the message itself starts with "/"
+                        text = text[1:]
+                session.history.append({"role": "user", "content": text})
+                pieces = []
+                body = {"model": name, "messages": session.messages(), "max_tokens": max_tokens,
+                        "temperature": temperature}
                 async for event in client.stream("/v1/chat/completions", body):
                     for choice in event["choices"]:
                         piece = choice["delta"].get("content") or ""
-                        reply.append(piece)
+                        pieces.append(piece)
                         click.echo(piece, nl=False)
                 click.echo()
-                history.append({"role": "assistant", "content": "".join(reply)})
+                session.history.append({"role": "assistant", "content": "".join(pieces)})
         finally:
             await client.close()
 

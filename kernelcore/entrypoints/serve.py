@@ -93,6 +93,8 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--enable-prefix-caching/--no-enable-prefix-caching", env="KC_ENABLE_PREFIX_CACHING", default=None,
       show_default=False, help="Reuse KV blocks of shared prompt prefixes [default: on].")
 @_opt("--seed", env="KC_SEED", type=int, default=None, help="Engine random seed.")
+@_opt("--enforce-eager", env="KC_ENFORCE_EAGER", is_flag=True, default=False,
+      help="Run every step eagerly: capture no decode graphs (CUDA graphs on the CUDA platform).")
 @_opt("--enable-endpoint-plugins", env="KC_ENABLE_ENDPOINT_PLUGINS", is_flag=True, default=False,
       help="Let every installed plugin add HTTP routes.")
 @_opt("--endpoint-plugins", env="KC_ENDPOINT_PLUGINS", default=None, show_default=False,
@@ -120,18 +122,27 @@ def _opt(*names: str, env: str, **kwargs: Any):
            "(then 408); also how long an idle keep-alive connection stays open.")
 @_opt("--shutdown-timeout", env="KC_SHUTDOWN_TIMEOUT", type=float, default=10.0,
       help="Seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them.")
+@_opt("--default-max-tokens", env="KC_DEFAULT_MAX_TOKENS", type=click.IntRange(min=1), default=None,
+      show_default=False, help="max_tokens for requests that do not set it. Without it a chat request generates "
+      "until the model stops or the context (--max-model-len) is full, as in vLLM, and a completion request "
+      "generates 16 tokens, as in OpenAI.")
+@_opt("--metrics-prefix", env="KC_METRICS_PREFIX", default="kc",
+      help="Prefix of the /metrics names (kc:num_requests_running, ...); `vllm` makes vLLM's dashboards and "
+      "alerts work unchanged.")
+@_opt("--web-console/--no-web-console", env="KC_WEB_CONSOLE", default=True,
+      help="Serve the web console (chat playground and operator console) at / and its JSON endpoints.")
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
               kv_cache_memory: str | None, dtype: str | None, hf_overrides: dict | None, chat_template: str | None,
               trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
               response_role: str, served_model_name: str | None,
-              api_key: str | None, enable_prefix_caching: bool | None, seed: int | None,
+              api_key: str | None, enable_prefix_caching: bool | None, seed: int | None, enforce_eager: bool,
               enable_endpoint_plugins: bool, endpoint_plugins: str | None, enable_lora: bool, max_loras: int | None,
               max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, request_read_timeout: float,
-              shutdown_timeout: float,
+              shutdown_timeout: float, default_max_tokens: int | None, metrics_prefix: str, web_console: bool,
               **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
     OpenAI-compatible HTTP API. Platform plugins may add options of their own.
@@ -145,16 +156,20 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         template = load_chat_template(chat_template)
     except (OSError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--chat-template") from None
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", metrics_prefix):
+        raise click.BadParameter(f"{metrics_prefix!r} is not a metric name prefix (letters, digits, _)",
+                                 param_hint="--metrics-prefix")
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         logger.warning("Binding %s without --api-key: anyone who can reach this port can use the model", host)
-    click.echo(f"Building the config for {model or 'the embedded default model'}...", err=True)
+    click.echo(f"Starting kernelcore for {model or 'the embedded default model'} (platform, plugins, config)...",
+               err=True)
     config = build_config(
         model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
         hf_overrides=hf_overrides, tensor_parallel_size=tensor_parallel_size, seed=seed,
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
-        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
+        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, enforce_eager=enforce_eager or None)
     options = ServerOptions(
         served_model_names=[config.model.served_model_name or config.model.model or ""], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
@@ -166,7 +181,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         enable_endpoint_plugins=enable_endpoint_plugins,
         endpoint_plugins=[n.strip() for n in (endpoint_plugins or "").split(",") if n.strip()], lora_modules=lora_modules,
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
-        read_timeout=request_read_timeout)
+        read_timeout=request_read_timeout, default_max_tokens=default_max_tokens, metrics_prefix=metrics_prefix,
+        web_console=web_console)
     asyncio.run(run_server(config, options, host, port, shutdown_timeout))
     sys.exit(0)
 
@@ -178,6 +194,7 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
     from aiohttp import web
 
     from kernelcore.engine.async_llm import AsyncLLM
+    from kernelcore.entrypoints.first_run import startup_warnings
     from kernelcore.entrypoints.server.app import STATE, create_app
     from kernelcore.metrics import make_stat_loggers
     from kernelcore.metrics.prometheus import PrometheusStatLogger
@@ -186,12 +203,13 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    prometheus = PrometheusStatLogger(config)
+    prometheus = PrometheusStatLogger(config, prefix=options.metrics_prefix)
     stat_loggers = make_stat_loggers(config, [prometheus])
     logger.info("Starting the engine (loading weights, allocating the KV cache)...")
     engine = await AsyncLLM.create(config, stat_loggers=stat_loggers)
     runner = None
     try:
+        startup_warnings(engine, options)
         app = await create_app(engine, options, prometheus)
         state = app[STATE]
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
@@ -201,6 +219,8 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
         await site.start()
         bound = runner.addresses[0]
         logger.info("Serving %s on http://%s:%d (Ctrl-C to stop)", options.served_model_names[0], bound[0], bound[1])
+        if options.web_console:
+            logger.info("Web console: http://%s:%d/ (chat playground and operator console)", bound[0], bound[1])
         await stop.wait()
         logger.info("Shutting down: no new requests; waiting up to %.1fs for %d in flight", shutdown_timeout,
                     state.num_in_flight)
@@ -214,7 +234,17 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
             except asyncio.TimeoutError:
                 break
         if state.num_in_flight:
+            from kernelcore.entrypoints.server.streaming import SHUTTING_DOWN, ServerShuttingDown
+
             logger.info("Aborting %d request(s) still in flight", state.num_in_flight)
+            engine.fail_all(ServerShuttingDown(SHUTTING_DOWN))  # streams get an error event and [DONE]
+            deadline = loop.time() + 2.0  # their handlers only have to write the error out
+            while state.num_in_flight and loop.time() < deadline:
+                state.in_flight_changed.clear()
+                try:
+                    await asyncio.wait_for(state.in_flight_changed.wait(), deadline - loop.time())
+                except asyncio.TimeoutError:
+                    break
     finally:
         if runner is not None:
             await runner.cleanup()  # cancels the remaining handlers; each aborts its engine request

@@ -10,6 +10,7 @@ import torch
 from kernelcore.attention.metadata import AttentionMetadata
 from kernelcore.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
+from kernelcore.executor.graph_runner import DecodeGraphRunner, capture_sizes, graph_capture_backend
 from kernelcore.forward_context import set_forward_context
 from kernelcore.layers.attention import Attention
 from kernelcore.models.loader import get_dtype, get_model
@@ -37,6 +38,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self._arange = torch.arange(max(config.scheduler.max_num_batched_tokens, config.model.max_model_len or 0) + 1)
+        self.graph_runner: DecodeGraphRunner | None = None  # decode graphs, when the platform captures them
 
     def load_model(self, is_dummy: bool = False) -> None:
         self.model = get_model(self.config, is_dummy=is_dummy)
@@ -51,12 +53,27 @@ class ModelRunner:
         return sum(2 * self.block_size * a.num_kv_heads * a.head_size * element_size for a in self.attn_layers)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        graph_backend = graph_capture_backend(self.config)
         self.kv_caches = []
         for layer in self.attn_layers:
-            shape = layer.backend.get_kv_cache_shape(num_blocks, self.block_size, layer.num_kv_heads, layer.head_size)
+            # With graphs, one spare block past the scheduler's: padded decode rows write their K/V there.
+            shape = layer.backend.get_kv_cache_shape(num_blocks + (graph_backend is not None), self.block_size,
+                                                     layer.num_kv_heads, layer.head_size)
             layer.kv_cache = torch.zeros(shape, dtype=self.dtype)
             self.kv_caches.append(layer.kv_cache)
         self.num_blocks = num_blocks
+        if graph_backend is not None:
+            self.capture_graphs(graph_backend)
+
+    def capture_graphs(self, backend) -> None:
+        """Capture the decode forward for each size of ``capture_sizes`` (the KV cache is allocated)."""
+        max_len = self.config.model.max_model_len
+        self.graph_runner = DecodeGraphRunner(
+            self.model, backend, capture_sizes(self.config), max_blocks_per_seq=-(-max_len // self.block_size),
+            pad_block=self.num_blocks, block_size=self.block_size, max_seq_len=max_len,
+            device=next(self.model.parameters()).device)
+        if not self.graph_runner.capture():
+            self.graph_runner = None
 
     def _arange_to(self, n: int) -> torch.Tensor:
         if n >= self._arange.numel():
@@ -103,11 +120,15 @@ class ModelRunner:
     def execute(self, entries: list[SeqBatchEntry]) -> torch.Tensor:
         """Float32 logits [sum(num_logits), vocab], rows in entry order."""
         input_ids, positions, metadata, logits_idx, lora_ids = self.prepare(entries)
-        with set_forward_context(metadata, lora_ids):
-            hidden = self.model(input_ids, positions)
-            if logits_idx.numel() == 0:
-                return torch.empty(0, self.vocab_size, dtype=torch.float32)
-            logits = self.model.compute_logits(hidden[logits_idx])
+        graph_size = self.graph_runner.accepts(metadata, logits_idx, lora_ids) if self.graph_runner else None
+        if graph_size is not None:
+            logits = self.graph_runner.run(graph_size, input_ids, positions, metadata)
+        else:
+            with set_forward_context(metadata, lora_ids):
+                hidden = self.model(input_ids, positions)
+                if logits_idx.numel() == 0:
+                    return torch.empty(0, self.vocab_size, dtype=torch.float32)
+                logits = self.model.compute_logits(hidden[logits_idx])
         return self.logits_to_float32(logits)
 
     def logits_to_float32(self, logits: torch.Tensor) -> torch.Tensor:

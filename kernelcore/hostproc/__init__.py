@@ -38,6 +38,7 @@ class HostProcess:
     def __init__(self, process: mp.Process, status: Connection, role: str) -> None:
         self.process, self.status, self.role = process, status, role
         self.ready_info: Any = None
+        self.summary: dict | None = None  # the child's process tree (role, pid, plugins), sent with "ready"
 
     @property
     def pid(self) -> int | None:
@@ -52,11 +53,12 @@ class HostProcess:
         while time.monotonic() < deadline:
             if self.status.poll(0.05):
                 try:
-                    kind, payload = self.status.recv()
+                    kind, payload, *extra = self.status.recv()
                 except EOFError:
                     break
                 if kind == "ready":
                     self.ready_info = payload
+                    self.summary = extra[0] if extra else None
                     return payload
                 raise ProcessStartError(f"process {self.role} failed to start: {payload}")
             if not self.process.is_alive():
@@ -100,7 +102,14 @@ def spawn(target: Callable[..., Any] | str, *, role: str, args: tuple = (), kwar
 def report_ready(info: Any = None) -> None:
     """Called by a child's target once it can serve."""
     if _status_conn is not None:
-        _status_conn.send(("ready", info))
+        _status_conn.send(("ready", info, describe_process()))
+
+
+def describe_process() -> dict:
+    """This process and its ready children (role, pid, host, platform, loaded plugins), as a tree."""
+    from kernelcore.hostproc.inventory import describe_process as describe
+
+    return describe(_children)
 
 
 def report_error(message: str) -> None:

@@ -24,6 +24,9 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> N
 
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+# oneDNN's bf16 linear needs avx512bw/vl/dq or avx_ne_convert; other CPUs keep bf16 on F.linear
+_PREPACK_DTYPES = (torch.float32, torch.bfloat16) if _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported() \
+    else (torch.float32,)
 
 
 def fast_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -32,7 +35,7 @@ def fast_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: 
     Prepacking skips MKL's per-call repacking of the weight: 1.5-2x the GFLOP/s of ``F.linear`` at decode
     batch sizes (8-128 rows), equal numerics within fp32 rounding (docs/performance.md). The packed copy is
     rebuilt when the weight changes (version counter / storage), and is not part of the state dict."""
-    if (not _ONEDNN or x.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16)
+    if (not _ONEDNN or x.device.type != "cpu" or weight.dtype not in _PREPACK_DTYPES
             or x.dtype != weight.dtype or (weight.requires_grad and torch.is_grad_enabled())):
         return F.linear(x, weight, bias)
     key = (weight.data_ptr(), None if weight.is_inference() else weight._version, weight.shape)

@@ -1,4 +1,5 @@
-"""Prometheus stat logger: the contract's metric set under the ``kc:`` prefix, in its own registry."""
+"""Prometheus stat logger: the contract's metric set under a prefix (``kc:`` by default, ``vllm:`` for vLLM's
+dashboards), plus prometheus_client's process and platform collectors, in its own registry."""
 
 from __future__ import annotations
 
@@ -22,33 +23,40 @@ FINISH_REASONS = ("stop", "length", "abort")
 class PrometheusStatLogger(StatLoggerBase):
     """Publishes engine and request statistics; ``generate_latest()`` renders the text exposition."""
 
-    def __init__(self, config: Any = None, model_name: str | None = None) -> None:
+    def __init__(self, config: Any = None, model_name: str | None = None, prefix: str = "kc") -> None:
         super().__init__(config)
         prom.disable_created_metrics()  # the *_created series only add noise to the scrape
         if model_name is None:
             model_name = getattr(getattr(config, "model", None), "served_model_name", None) or "model"
+        self.prefix = prefix
         self.registry = prom.CollectorRegistry(auto_describe=True)
-        labels = {"model_name": model_name}
+        prom.ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, resident memory, open fds
+        prom.PlatformCollector(registry=self.registry)  # python_info
+        labels = {"model_name": model_name}  # every series carries these (more labels: add them here)
+
+        def name_of(name: str) -> str:
+            return f"{prefix}:{name}"
 
         def gauge(name: str, doc: str):
-            return prom.Gauge(f"kc:{name}", doc, list(labels), registry=self.registry).labels(**labels)
+            return prom.Gauge(name_of(name), doc, list(labels), registry=self.registry).labels(**labels)
 
         def counter(name: str, doc: str):
-            return prom.Counter(f"kc:{name}", doc, list(labels), registry=self.registry).labels(**labels)
+            return prom.Counter(name_of(name), doc, list(labels), registry=self.registry).labels(**labels)
 
         def histogram(name: str, doc: str, buckets: list[float]):
-            return prom.Histogram(f"kc:{name}", doc, list(labels), buckets=buckets, registry=self.registry).labels(**labels)
+            return prom.Histogram(name_of(name), doc, list(labels), buckets=buckets,
+                                  registry=self.registry).labels(**labels)
 
         self.num_requests_running = gauge("num_requests_running", "Requests running in the engine.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).")
-        cache_info = prom.Gauge("kc:cache_config_info", "Cache configuration.", ["model_name", "block_size",
+        cache_info = prom.Gauge(name_of("cache_config_info"), "Cache configuration.", ["model_name", "block_size",
                                 "enable_prefix_caching", "num_blocks"], registry=self.registry)
         cache = getattr(config, "cache", None)
         cache_info.labels(model_name=model_name, block_size=str(getattr(cache, "block_size", "")),
                           enable_prefix_caching=str(getattr(cache, "enable_prefix_caching", "")),
                           num_blocks=str(getattr(cache, "num_blocks", ""))).set(1)
-        lora_info = prom.Gauge("kc:lora_requests_info", "Running and waiting LoRA adapters.",
+        lora_info = prom.Gauge(name_of("lora_requests_info"), "Running and waiting LoRA adapters.",
                                ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=self.registry)
         lora = getattr(config, "lora", None)
         self._lora_info, self._lora_labels = lora_info, (str(getattr(lora, "max_loras", 0)), "", "")
@@ -59,7 +67,7 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_preemptions = counter("num_preemptions", "Cumulative preemptions.")
         self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        success = prom.Counter("kc:request_success", "Finished requests by finish reason.",
+        success = prom.Counter(name_of("request_success"), "Finished requests by finish reason.",
                                ["model_name", "finished_reason"], registry=self.registry)
         self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)
                                 for reason in FINISH_REASONS}
@@ -76,6 +84,9 @@ class PrometheusStatLogger(StatLoggerBase):
                                                 [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
         self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
         self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS)
+        # The older name of the same per-token series, still read by vLLM's dashboards and alerts.
+        self.time_per_output_token = histogram("time_per_output_token_seconds", "Time per output token (the same "
+                                               "observations as inter_token_latency_seconds).", ITL_BUCKETS)
         self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency.",
                                              LATENCY_BUCKETS)
         self.request_queue_time = histogram("request_queue_time_seconds", "Time spent waiting.", LATENCY_BUCKETS)
@@ -115,6 +126,7 @@ class PrometheusStatLogger(StatLoggerBase):
         self.time_to_first_token.observe(request.time_to_first_token)
         for latency in request.inter_token_latencies:
             self.inter_token_latency.observe(latency)
+            self.time_per_output_token.observe(latency)
         self.e2e_request_latency.observe(request.e2e_latency)
         self.request_queue_time.observe(request.queue_time)
         self.request_inference_time.observe(request.prefill_time + request.decode_time)

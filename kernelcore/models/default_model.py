@@ -9,11 +9,14 @@ the server end to end but produces no meaningful text. Point ``--model`` at a re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
 
 from kernelcore import envs
+
+logger = logging.getLogger("kernelcore.models")
 
 NAME = "default-model-v1"
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -63,6 +66,8 @@ def ensure_default_model() -> str:
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    logger.info("First use of the embedded default model: generating it (random weights, about 13 MB, nothing "
+                "downloaded) into %s", path)
     tmp = tempfile.mkdtemp(prefix=f".{NAME}.tmp-", dir=os.path.dirname(path))
     try:
         _write_model(tmp)
@@ -73,6 +78,13 @@ def ensure_default_model() -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def describe(path: str) -> str:
+    """The start-up notice for the default model: where it lives and what its answers are worth."""
+    return (f"Using the embedded default model at {path}. Its weights are random: it answers with random "
+            "text by design (it exercises the whole server). For real answers pass a local Hugging Face "
+            "checkpoint directory, e.g. `kc serve /path/to/opt-125m`.")
 
 
 def _train_tokenizer():
@@ -93,6 +105,18 @@ def _train_tokenizer():
 
 
 def _write_model(path: str) -> None:
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-shard "Writing model shards" bar says nothing the log line does not
+    try:
+        _write_model_files(path)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _write_model_files(path: str) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 

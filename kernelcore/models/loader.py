@@ -61,7 +61,10 @@ def iterate_weights(model_dir: str, use_tqdm: bool = True) -> Iterator[tuple[str
     from tqdm.auto import tqdm
 
     files, fmt = weight_files(model_dir)
-    bar = tqdm(files, desc="Loading weights", unit="file", disable=not use_tqdm or len(files) < 1, leave=False)
+    size_mb = sum(os.path.getsize(f) for f in files) / 1e6
+    logger.info("Loading weights: %d %s file(s), %.1f MB, from %s", len(files), fmt, size_mb, model_dir)
+    # disable=None: a bar only on a terminal; a log file gets the plain lines around it
+    bar = tqdm(files, desc="Loading weights", unit="file", disable=None if use_tqdm else True, leave=False)
     for path in bar:
         if fmt == "safetensors":
             from safetensors import safe_open

@@ -32,13 +32,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return error_response(APIError(exc.reason, exc.status), headers)
-    except asyncio.CancelledError:
-        if request.app[STATE].is_shutting_down and request.method == "POST":  # the shutdown deadline passed
-            from kernelcore.entrypoints.server.streaming import SHUTTING_DOWN
-
-            return error_response(APIError(SHUTTING_DOWN, 503), headers)
-        raise
-    except ConnectionError:
+    except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
         logger.exception("Unhandled error in %s %s", request.method, request.path)
@@ -46,6 +40,13 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     if headers and not response.prepared:
         response.headers.update(headers)
     return response
+
+
+def is_public_page(state: ServerState, path: str) -> bool:
+    """The web console's page and assets (no data in them; its JSON endpoints still need the key)."""
+    from kernelcore.entrypoints.server.console import is_public
+
+    return state.options.web_console and is_public(path)
 
 
 def is_authorized(request: web.Request, key: str) -> bool:
@@ -64,7 +65,8 @@ def is_authorized(request: web.Request, key: str) -> bool:
 async def guard_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = get_state(request)
     key = state.options.api_key
-    if key is not None and request.path not in OPEN_PATHS and not is_authorized(request, key):
+    if (key is not None and request.path not in OPEN_PATHS and not is_public_page(state, request.path)
+            and not is_authorized(request, key)):
         return error_response(APIError("Invalid or missing API key: send 'Authorization: Bearer <key>'", 401),
                               {"WWW-Authenticate": "Bearer"})
     if request.content_length is not None and request.content_length > state.options.max_body_bytes:
@@ -129,5 +131,9 @@ async def create_app(engine: Any, options: ServerOptions, stat_logger: Any = Non
     app.router.add_post("/v1/chat/completions", chat.create_chat_completion)
     models.add_routes(app)
     tokenize.add_routes(app)
+    if options.web_console:
+        from kernelcore.entrypoints.server import console
+
+        console.add_routes(app)
     await register_endpoint_plugins(app, engine, options.enable_endpoint_plugins, options.endpoint_plugins)
     return app

@@ -18,8 +18,9 @@ from kernelcore.entrypoints.server.protocol import GenerateRequest, parse_chat_r
 from kernelcore.entrypoints.server.streaming import (ChoiceState, EnginePrompt, check_not_aborted, engine_error,
                                                      final_outputs, merged, stream_events)
 
-NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
-               "template if the tokenizer does not define one.")
+NO_TEMPLATE = ("This model's tokenizer has no chat template, so /v1/chat/completions cannot format messages. "
+               "Restart the server with --chat-template FILE (or an inline Jinja template), or use /v1/completions "
+               "with a plain prompt.")
 UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request-chat-template is not set. "
                       "Refused request with untrusted chat template.")
 
@@ -84,7 +85,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     num_chars = sum(len(m["content"]) for m in req.messages if isinstance(m.get("content"), str))
     check_text_fits(engine.tokenizer, num_chars, engine.max_model_len)
     text, token_ids = await run_preprocess(num_chars, chat_prompt_ids, state, req)
-    prompt = engine_prompt(engine, req, text, token_ids, None)
+    prompt = engine_prompt(engine, req, text, token_ids, state.options.default_max_tokens)
     prompt.lora_id = lora_id
     last = req.messages[-1]
     role = state.options.response_role if req.chat["add_generation_prompt"] else last["role"]

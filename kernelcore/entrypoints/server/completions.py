@@ -52,6 +52,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse_completion_request(body, state.options.limits, engine.vocab_size)
     model, lora_id = await state.resolve_model(req.model)
+    default_max_tokens = state.options.default_max_tokens or DEFAULT_MAX_TOKENS
     prompts = []
     for prompt in req.prompts:
         if isinstance(prompt, str):
@@ -61,9 +62,9 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
                 check_text_fits(engine.tokenizer, len(prompt), engine.max_model_len)
             token_ids = await run_preprocess(len(prompt), functools.partial(
                 engine.tokenizer.encode, prompt, add_special_tokens=req.add_special_tokens))
-            prompts.append(engine_prompt(engine, req, prompt, token_ids, DEFAULT_MAX_TOKENS))
+            prompts.append(engine_prompt(engine, req, prompt, token_ids, default_max_tokens))
         else:
-            prompts.append(engine_prompt(engine, req, None, list(prompt), DEFAULT_MAX_TOKENS))
+            prompts.append(engine_prompt(engine, req, None, list(prompt), default_max_tokens))
     for prompt in prompts:
         prompt.lora_id = lora_id
     response_id = f"cmpl-{base_request_id(request)}"

@@ -10,7 +10,7 @@ import msgspec
 from kernelcore.entrypoints.server.errors import bad_request
 
 MAX_DEPTH = 64  # deeper than any real request; jinja, jsonschema and friends recurse over the body later
-MAX_INT = 2**63 - 1  # what crosses to the engine core as msgpack
+MIN_INT, MAX_INT = -(2**63), 2**64 - 1  # what msgpack carries to the engine core; fields check their own range
 
 _decoder = msgspec.json.Decoder()
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -47,5 +47,5 @@ def _check_shape(value: Any) -> None:
         for child in children:
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1))
-            elif isinstance(child, int) and not -MAX_INT - 1 <= child <= MAX_INT:
+            elif isinstance(child, int) and not MIN_INT <= child <= MAX_INT:
                 raise bad_request("Invalid JSON body: an integer is out of the 64-bit range")

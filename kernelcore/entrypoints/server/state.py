@@ -30,6 +30,9 @@ class ServerOptions:
     lora_modules: dict[str, str] = field(default_factory=dict)  # --lora-modules name=path (needs enable_lora)
     allow_runtime_lora_updating: bool = False  # load/unload endpoints and resolver lookups
     lora_root: str | None = None  # where runtime lora_path may point (--lora-root, else KC_LORA_RESOLVER_DIR)
+    default_max_tokens: int | None = None  # --default-max-tokens: for requests without max_tokens
+    metrics_prefix: str = "kc"
+    web_console: bool = True  # the page at / and its /console/api/* endpoints
 
 
 @dataclass

@@ -36,6 +36,8 @@ def engine_error(exc: BaseException) -> APIError:
 
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ServerShuttingDown):
+        return APIError(SHUTTING_DOWN, 503)
     if isinstance(exc, EngineDeadError):
         logger.error("request refused: %s", exc)
         return APIError("The engine is not running; this server cannot serve requests now", 503)
@@ -46,6 +48,10 @@ def engine_error(exc: BaseException) -> APIError:
 
 
 SHUTTING_DOWN = "The server is shutting down; the request was stopped"
+
+
+class ServerShuttingDown(RuntimeError):
+    """Raised into the requests still running when the shutdown deadline passes."""
 
 
 async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIterator[RequestOutput]:
@@ -171,18 +177,8 @@ async def stream_events(request: web.Request, headers: dict[str, str],
             await writer.send(first)
         async for event in events:
             await writer.send(event)
-    except ConnectionError:
+    except (ConnectionError, asyncio.CancelledError):
         raise  # the client is gone: the generators' finally blocks abort the engine requests
-    except asyncio.CancelledError:
-        from kernelcore.entrypoints.server.state import get_state
-
-        if get_state(request).is_shutting_down:  # the shutdown deadline passed: say so before closing
-            try:
-                await asyncio.wait_for(writer.send(APIError(SHUTTING_DOWN, 503).to_dict()), 1.0)
-                return await asyncio.wait_for(writer.finish(), 1.0)
-            except (ConnectionError, asyncio.TimeoutError, RuntimeError):
-                return writer.response
-        raise
     except Exception as exc:
         error = engine_error(exc)
         if error.status >= 500:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+import msgspec
+
 from aiohttp import web
 
 from kernelcore.entrypoints.server.state import get_state, read_json
@@ -55,9 +57,14 @@ async def tokenize(request: web.Request) -> web.Response:
             raise bad_request("`prompt` must be a string (or send `messages`)", "prompt")
         token_ids = await run_preprocess(len(prompt), functools.partial(
             tokenizer.encode, prompt, add_special_tokens=_flag(body, "add_special_tokens", True)))
-    token_strs = tokenizer.convert_ids_to_tokens(token_ids) if _flag(body, "return_token_strs", False) else None
-    return web.json_response({"count": len(token_ids), "max_model_len": state.engine.max_model_len,
-                              "tokens": token_ids, "token_strs": token_strs})
+    return_strs = _flag(body, "return_token_strs", False)
+
+    def response_body() -> bytes:  # millions of ids take a while to serialize: not on the event loop
+        token_strs = tokenizer.convert_ids_to_tokens(token_ids) if return_strs else None
+        return msgspec.json.encode({"count": len(token_ids), "max_model_len": state.engine.max_model_len,
+                                    "tokens": token_ids, "token_strs": token_strs})
+
+    return web.Response(body=await run_preprocess(len(token_ids), response_body), content_type="application/json")
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -72,7 +79,8 @@ async def detokenize(request: web.Request) -> web.Response:
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("`tokens` must be an array of token ids", "tokens")
     check_token_ids(tokens, state.engine.vocab_size, "tokens")
-    return web.json_response({"prompt": state.engine.tokenizer.decode(tokens)})
+    text = await run_preprocess(len(tokens), state.engine.tokenizer.decode, tokens)
+    return web.json_response({"prompt": text})
 
 
 def add_routes(app: web.Application) -> None:

@@ -23,6 +23,8 @@ class TritonInterpPlatform(Platform):
         config.custom_ops = ["all"]
         if config.model.dtype == "auto":
             config.model.dtype = "float32"  # bf16 arithmetic is broken in the interpreter
+        if config.model.graph_capture_sizes is None:
+            config.model.graph_capture_sizes = [1, 2, 4]  # each capture is a forward in the interpreter
 
     @hookimpl
     def get_attn_backend_cls(self, selector):
@@ -31,3 +33,7 @@ class TritonInterpPlatform(Platform):
     @hookimpl
     def get_device_communicator_cls(self):
         return "kernelcore.distributed.TorchDistCommunicator"
+
+    @hookimpl
+    def get_graph_capture_backend_cls(self, config):
+        return "kc_dummy_triton_interp.graphs.RerunCaptureBackend"  # a vendor platform's decode graphs
