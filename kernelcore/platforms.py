@@ -11,7 +11,7 @@ import logging
 import time
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelcore import envs, plugins
 from kernelcore.hookspecs import hookimpl
@@ -139,6 +139,10 @@ def resolve_platform() -> Platform:
     plugins.trace_event(envs.KC_TRACE_PLUGINS, hook="platform_resolved", plugins=[winner.name],
                         result=winner.qualname, why=why, duration_ms=round((time.perf_counter() - started) * 1000, 3), ok=True)
     return platform
+
+
+if TYPE_CHECKING:
+    current_platform: Platform  # resolved on first access by __getattr__ below
 
 
 def __getattr__(name: str) -> Any:
