@@ -49,3 +49,40 @@ def peft_logits(base_dir: str, adapter_dir: str | None, token_ids: list[int]) ->
         model = PeftModel.from_pretrained(model, adapter_dir).eval()
     with torch.no_grad():
         return model(torch.tensor([token_ids])).logits[0].float()
+
+
+def make_bad_shape_adapter(good_dir: str, path: str, module: str = "k_proj", part: str = "B") -> str:
+    """A copy of a good adapter with the right rank but one module's lora_A/lora_B of the wrong width (doubled)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(path, exist_ok=True)
+    shutil.copy(os.path.join(good_dir, "adapter_config.json"), path)
+    state = load_file(os.path.join(good_dir, "adapter_model.safetensors"))
+    key = next(k for k in state if f".{module}.lora_{part}." in k)
+    t = state[key]
+    state[key] = torch.randn(2 * t.shape[0], t.shape[1]) if part == "B" else torch.randn(t.shape[0], 2 * t.shape[1])
+    save_file(state, os.path.join(path, "adapter_model.safetensors"))
+    return path
+
+
+class _Payload:
+    """Pickles to code that creates ``marker`` when unpickled (what ``weights_only`` must refuse)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def make_pickle_payload_adapter(good_dir: str, path: str, marker: str) -> str:
+    """A good adapter's config with an adapter_model.bin whose unpickling would create ``marker``."""
+    import shutil
+
+    os.makedirs(path, exist_ok=True)
+    shutil.copy(os.path.join(good_dir, "adapter_config.json"), path)
+    torch.save({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": _Payload(marker)},
+               os.path.join(path, "adapter_model.bin"))
+    return path

@@ -18,7 +18,7 @@ from typing import AsyncIterator
 from kernelcore.config import KernelConfig
 from kernelcore.engine.core_client import EngineDeadError, RequestError, start_engine_core
 from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
-                                         FromCore, RemoveLora, ShutdownCore)
+                                         FromCore, LoraAdded, RemoveLora, ShutdownCore)
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
 from kernelcore.engine.sampling_params import SamplingParams
@@ -58,6 +58,7 @@ class AsyncLLM:
         self.dead_error: BaseException | None = None
         self._channel: AsyncChannel | None = None
         self._tasks: list[asyncio.Task] = []
+        self._lora_answers: dict[int, asyncio.Future] = {}  # lora id -> the core's LoraAdded
         self._log_interval = 5.0
         self._private_dir = ""
 
@@ -139,10 +140,20 @@ class AsyncLLM:
         return len(failed)
 
     async def add_lora(self, lora_id: int, path: str, name: str | None = None) -> None:
-        """Register an adapter directory (validated by the caller) before requests use ``lora_id``."""
+        """Register an adapter directory before requests use ``lora_id``; returns once every worker checked it
+        against the model (LoRAAdapterError, for the client, when they refused it)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead_error}")
-        await self._channel.send(AddLora(lora_id, name or str(lora_id), path))
+        answer = self._lora_answers[lora_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self._channel.send(AddLora(lora_id, name or str(lora_id), path))
+            error = await answer
+        finally:
+            self._lora_answers.pop(lora_id, None)
+        if error is not None:
+            from kernelcore.lora.adapter import LoRAAdapterError
+
+            raise LoRAAdapterError(error)
 
     async def remove_lora(self, lora_id: int) -> None:
         if self.dead_error is None:
@@ -158,6 +169,10 @@ class AsyncLLM:
                     self._on_outputs(message)
                 elif isinstance(message, CoreRequestErrors):
                     self._on_errors(message)
+                elif isinstance(message, LoraAdded):
+                    answer = self._lora_answers.get(message.lora_id)
+                    if answer is not None and not answer.done():
+                        answer.set_result(message.error)
                 elif isinstance(message, CoreDead):
                     self._die(EngineDeadError(message.message))
                     return
@@ -223,6 +238,9 @@ class AsyncLLM:
         if not is_expected:
             logger.error("engine is dead: %s", error)
         self.dead_error = error
+        for answer in self._lora_answers.values():
+            if not answer.done():
+                answer.set_exception(EngineDeadError(str(error)))
         for request_id, tracked in list(self.tracked.items()):
             tracked.queue.put_nowait(EngineDeadError(str(error)))
         self.tracked.clear()

@@ -10,6 +10,7 @@ from kernelcore.config import KernelConfig
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.engine.scheduler import RequestRejected, Scheduler
+from kernelcore.errors import RequestStateError
 from kernelcore.metrics.stats import EngineStats
 
 logger = logging.getLogger("kernelcore.engine")
@@ -48,10 +49,15 @@ class EngineCore:
         self.scheduler.add_request(request)
 
     def add_lora(self, lora_id: int, name: str, path: str) -> None:
-        """Make adapter ``lora_id`` (a local PEFT directory) available; every worker reads it from ``path``."""
+        """Make adapter ``lora_id`` (a local PEFT directory) available; every worker reads and checks it from
+        ``path`` (a RequestStateError such as LoRAAdapterError when it does not fit the model: nothing is kept)."""
         if not self.config.lora.enable_lora:
             raise ValueError("LoRA is not enabled (enable_lora=False)")
-        self.executor.add_lora(lora_id, path)
+        try:
+            self.executor.add_lora(lora_id, path)
+        except RequestStateError:
+            self.executor.remove_lora(lora_id)  # ranks that accepted it forget it too
+            raise
         self.scheduler.lora_names[lora_id] = name
 
     def remove_lora(self, lora_id: int) -> None:
@@ -72,10 +78,11 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        errors, self.scheduler.failed = self.scheduler.failed, {}
         stats = self.scheduler.make_stats()
         stats.timestamp, stats.step_time = time.time(), time.perf_counter() - started
         self.last_stats = stats
-        return EngineCoreOutputs(outputs, stats, stats.timestamp)
+        return EngineCoreOutputs(outputs, stats, stats.timestamp, errors)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

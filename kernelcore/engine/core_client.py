@@ -8,11 +8,12 @@ same front-end code drives either.
 from __future__ import annotations
 
 import os
+from collections import deque
 
 from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
 from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
-                                         FromCore, ShutdownCore)
+                                         FromCore, LoraAdded, ShutdownCore)
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.engine.scheduler import RequestRejected
@@ -52,13 +53,26 @@ class MPEngineCoreClient:
         self.num_blocks, self.block_size, self.vocab_size = info["num_blocks"], info["block_size"], info["vocab_size"]
         self.private_dir = os.path.dirname(listener.path)
         self.unfinished: set[str] = set()
+        self._early: deque = deque()  # messages that arrived while add_lora waited for its answer
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.channel.send(AddRequests([request]))
         self.unfinished.add(request.request_id)
 
     def add_lora(self, lora_id: int, name: str, path: str) -> None:
+        """Returns once every worker accepted the adapter; LoRAAdapterError when they refused it."""
         self.channel.send(AddLora(lora_id, name, path))
+        while True:
+            message = self._recv()
+            if isinstance(message, LoraAdded) and message.lora_id == lora_id:
+                break
+            if isinstance(message, CoreDead):
+                raise EngineDeadError(message.message)
+            self._early.append(message)
+        if message.error is not None:
+            from kernelcore.lora.adapter import LoRAAdapterError
+
+            raise LoRAAdapterError(message.error)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -68,17 +82,20 @@ class MPEngineCoreClient:
     def has_unfinished_requests(self) -> bool:
         return bool(self.unfinished)
 
-    def step(self) -> EngineCoreOutputs:
-        """The next outputs the core produced (it steps on its own while it has work)."""
+    def _recv(self):
         while True:
             try:
-                message = self.channel.recv(timeout=1.0)
+                return self.channel.recv(timeout=1.0)
             except TimeoutError:
                 if not self.process.is_alive():
                     raise EngineDeadError(f"engine core died (exit code {self.process.process.exitcode})") from None
-                continue
             except (ConnectionError, OSError) as exc:
                 raise EngineDeadError(f"engine core is gone: {exc}") from exc
+
+    def step(self) -> EngineCoreOutputs:
+        """The next outputs the core produced (it steps on its own while it has work)."""
+        while True:
+            message = self._early.popleft() if self._early else self._recv()
             if isinstance(message, CoreOutputs):
                 for output in message.outputs.outputs:
                     if output.finish_reason is not None:

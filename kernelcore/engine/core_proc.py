@@ -2,7 +2,7 @@
 
 Front end -> core: AddRequests, AbortRequests, ShutdownCore, AddLora, RemoveLora.
 Core -> front end: CoreOutputs (after every step that produced something),
-CoreRequestErrors (a request failed alone), CoreDead (the engine cannot go on).
+CoreRequestErrors (a request failed alone), LoraAdded (the answer to AddLora), CoreDead (the engine cannot go on).
 All are msgspec Structs (msgpack on the wire): nothing is pickled.
 """
 
@@ -51,7 +51,14 @@ class CoreOutputs(msgspec.Struct, tag="out"):
 
 class CoreRequestErrors(msgspec.Struct, tag="err"):
     errors: dict[str, str]  # engine-core request id -> message
-    is_rejected: bool = False  # admission refused (a client error) rather than a failure while running
+    # a client error (admission refused, or the request's own state such as its adapter failed it) rather than
+    # a failure of the engine while running it
+    is_rejected: bool = False
+
+
+class LoraAdded(msgspec.Struct, tag="lora_added"):
+    lora_id: int
+    error: str | None = None  # why the workers refused the adapter (for the client: no paths)
 
 
 class CoreDead(msgspec.Struct, tag="dead"):
@@ -59,7 +66,7 @@ class CoreDead(msgspec.Struct, tag="dead"):
 
 
 ToCore = Union[AddRequests, AbortRequests, ShutdownCore, AddLora, RemoveLora]
-FromCore = Union[CoreOutputs, CoreRequestErrors, CoreDead]
+FromCore = Union[CoreOutputs, CoreRequestErrors, LoraAdded, CoreDead]
 
 
 class EngineCoreLoop:
@@ -85,8 +92,11 @@ class EngineCoreLoop:
         elif isinstance(message, AddLora):
             try:
                 self.core.add_lora(message.lora_id, message.name, message.path)
-            except ValueError as exc:
-                logger.error("LoRA adapter %r not added: %s", message.name, exc)
+            except ValueError as exc:  # the adapter does not fit the model; a dead worker still kills the engine
+                logger.error("LoRA adapter %r (%s) not added: %s", message.name, message.path, exc)
+                self.channel.send(LoraAdded(message.lora_id, str(exc)))
+            else:
+                self.channel.send(LoraAdded(message.lora_id))
         elif isinstance(message, RemoveLora):
             self.core.remove_lora(message.lora_id)
         else:
@@ -109,8 +119,11 @@ class EngineCoreLoop:
             self.core.abort_requests(running)
             self.channel.send(CoreRequestErrors({rid: f"{type(exc).__name__}: {exc}" for rid in running}))
             return
+        errors, outputs.errors = outputs.errors, {}
         if outputs.outputs or outputs.stats is not None:
             self.channel.send(CoreOutputs(outputs))
+        if errors:  # failed alone because of their own state (e.g. an adapter that no longer loads): a client error
+            self.channel.send(CoreRequestErrors(errors, is_rejected=True))
 
     def run(self) -> None:
         while self.is_running:

@@ -12,6 +12,7 @@ from kernelcore.engine.core import EngineCore
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
 from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.engine.scheduler import RequestRejected
 from kernelcore.engine.tokenizer import encode_chat, encode_prompt, eos_token_id, get_tokenizer
 
 PromptType = str | dict[str, Any]
@@ -141,6 +142,8 @@ class LLM:
         try:
             while len(finished) < len(request_ids):
                 engine_outputs = self.engine_core.step()
+                if engine_outputs.errors:  # failed alone (e.g. its adapter): as the multiprocess client does
+                    raise RequestRejected("; ".join(f"{rid}: {msg}" for rid, msg in engine_outputs.errors.items()))
                 outputs, to_abort = self.output_processor.process_outputs(engine_outputs.outputs)
                 if to_abort:
                     self.engine_core.abort_requests(to_abort)

@@ -52,6 +52,9 @@ class ModelRunnerOutput(msgspec.Struct):
     sampled_token_ids: list[int]
     logprobs: dict[str, TokenLogprobs] = {}
     prompt_logprobs: dict[str, list[TokenLogprobs]] = {}  # per computed chunk, in prompt order
+    # Requests left out of this step because of their own state; the scheduler fails them alone (reason for the client)
+    failed: dict[str, str] = {}
+    failed_loras: dict[int, str] = {}  # LoRA id -> reason: every request of the step using it failed
 
 
 # -- engine core -> front end ----------------------------------------------------------------------------------
@@ -75,6 +78,7 @@ class EngineCoreOutputs(msgspec.Struct):
     outputs: list[EngineCoreOutput]
     stats: EngineStats | None = None
     timestamp: float = 0.0
+    errors: dict[str, str] = {}  # requests that failed alone this step (their own state): id -> message
 
 
 # -- user facing ------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6  # failed alone (its adapter, ...): reported as an error, not as a finish reason
 
     @property
     def is_finished(self) -> bool:

@@ -29,6 +29,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished_req_ids: list[str] = []  # to tell the workers at the next step
+        self.failed: dict[str, str] = {}  # failed alone since the engine last collected them: id -> message
         self.num_preemptions_total = 0
         self._step_stats = EngineStats()
 
@@ -191,6 +192,11 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted meanwhile
+            error = self._failure(request, runner_output)
+            if error is not None:
+                self._finish(request, RequestStatus.FINISHED_ERROR)
+                self.failed[request_id] = error
+                continue
             self.kv.cache_blocks(request)
             prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
             token_id = sampled.get(request_id)
@@ -213,6 +219,14 @@ class Scheduler:
         stats.num_running, stats.num_waiting = len(self.running), len(self.waiting)
         stats.kv_cache_usage = self.kv.usage
         return outputs
+
+    def _failure(self, request: Request, runner_output: ModelRunnerOutput) -> str | None:
+        """The client's message when the workers left this request out of the step, else None."""
+        reason = runner_output.failed.get(request.request_id)
+        if reason is None and request.lora_id in runner_output.failed_loras:
+            name = self.lora_names.get(request.lora_id, str(request.lora_id))
+            reason = f"LoRA adapter {name!r} cannot be used: {runner_output.failed_loras[request.lora_id]}"
+        return reason
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params

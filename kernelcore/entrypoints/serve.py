@@ -183,7 +183,12 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
         read_timeout=request_read_timeout, default_max_tokens=default_max_tokens, metrics_prefix=metrics_prefix,
         web_console=web_console)
-    asyncio.run(run_server(config, options, host, port, shutdown_timeout))
+    from kernelcore.lora.adapter import LoRAAdapterError
+
+    try:
+        asyncio.run(run_server(config, options, host, port, shutdown_timeout))
+    except LoRAAdapterError as exc:  # only the static --lora-modules are loaded before serving
+        raise click.BadParameter(str(exc), param_hint="--lora-modules") from None
     sys.exit(0)
 
 

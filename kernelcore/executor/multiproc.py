@@ -16,6 +16,7 @@ import msgspec
 from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
 from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from kernelcore.errors import RequestStateError
 from kernelcore.hostproc.ipc import Channel, Listener, private_socket_dir, remove_private_dir
 
 logger = logging.getLogger("kernelcore.executor")
@@ -34,6 +35,7 @@ class Reply(msgspec.Struct, tag="reply"):
     value: int | None = None
     output: ModelRunnerOutput | None = None
     error: str | None = None
+    is_request_error: bool = False  # a RequestStateError: the call failed alone, the worker is consistent
 
 
 class LoraCall(msgspec.Struct, tag="lora"):
@@ -45,7 +47,7 @@ WorkerRequest = Union[Call, Execute, LoraCall]
 
 
 class WorkerDiedError(RuntimeError):
-    """A worker process died or failed; the engine cannot continue."""
+    """A worker process died, or failed in a way that may leave the ranks out of step; the engine cannot continue."""
 
 
 class MultiprocExecutor:
@@ -81,9 +83,21 @@ class MultiprocExecutor:
         return self.config.cache.block_size
 
     def _call_all(self, message: WorkerRequest) -> list[int | None]:
+        """Every rank's answer; every reply is read before raising, so none is left to answer a later call.
+
+        A RequestStateError on some rank (and nothing worse on any) is raised as one: that call failed alone.
+        Any other worker error may leave the ranks out of step, so it is a WorkerDiedError."""
         for rank, channel in enumerate(self.channels):
             self._send(rank, channel, message)
-        return [self._reply(rank, channel) for rank, channel in enumerate(self.channels)]
+        replies = [self._reply(rank, channel) for rank, channel in enumerate(self.channels)]
+        errors = [(rank, reply) for rank, reply in enumerate(replies) if reply.error is not None]
+        fatal = [(rank, reply) for rank, reply in errors if not reply.is_request_error]
+        if fatal:
+            self.check_health()  # a rank that died makes the others fail: name the dead one
+            raise WorkerDiedError(f"worker-{fatal[0][0]} failed: {fatal[0][1].error}")
+        if errors:
+            raise RequestStateError(errors[0][1].error)
+        return [reply.value if reply.output is None else reply.output for reply in replies]
 
     def _send(self, rank: int, channel: Channel, message: WorkerRequest) -> None:
         try:
@@ -96,14 +110,11 @@ class MultiprocExecutor:
             try:
                 reply = channel.recv(timeout=1.0)
                 break
-            except TimeoutError:
-                if not self.workers[rank].is_alive():
-                    raise WorkerDiedError(f"worker-{rank} died (exit code {self.workers[rank].process.exitcode})")
+            except TimeoutError:  # any rank's death: this one may be waiting for it in a collective
+                self.check_health()
             except (ConnectionError, OSError) as exc:
                 raise WorkerDiedError(f"worker-{rank} is gone: {exc}") from exc
-        if reply.error is not None:
-            raise WorkerDiedError(f"worker-{rank} failed: {reply.error}")
-        return reply.value if reply.output is None else reply.output
+        return reply
 
     def determine_num_blocks(self) -> int:
         return min(self._call_all(Call("determine_num_blocks")))
@@ -168,6 +179,9 @@ def worker_main(config: KernelConfig, rank: int, init_method: str, socket_path: 
             else:
                 channel.send(Reply(value=getattr(worker, message.method)() if message.method != "vocab_size"
                                    else worker.vocab_size))
+        except RequestStateError as exc:  # raised before any collective: this rank is still in step
+            logger.warning("worker-%d: %s", rank, exc)
+            channel.send(Reply(error=str(exc), is_request_error=True))
         except Exception as exc:
             logger.exception("worker-%d failed", rank)
             channel.send(Reply(error=f"{type(exc).__name__}: {exc}"))

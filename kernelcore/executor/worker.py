@@ -123,10 +123,14 @@ class WorkerBase:
         self._update_states(so)
         if not so.num_scheduled_tokens:
             return ModelRunnerOutput([], [])
+        failed_loras = self._prepare_loras(so)
         entries, sample_states, sample_rows, prompt_lp = [], [], [], []
         num_rows = 0
         for req_id, num_tokens in so.num_scheduled_tokens.items():
             state = self.requests[req_id]
+            if state.lora_id in failed_loras:  # fails alone: the scheduler finishes it with the reason
+                del self.requests[req_id]
+                continue
             start, end = state.num_computed_tokens, state.num_computed_tokens + num_tokens
             is_final = end >= len(state.token_ids)
             needs_prompt_lp = state.num_prompt_logprobs_done < state.num_prompt_tokens
@@ -139,15 +143,25 @@ class WorkerBase:
                 sample_states.append(state)
                 sample_rows.append(num_rows - 1)
             state.num_computed_tokens = end
+        if not entries:
+            return ModelRunnerOutput([], [], failed_loras=failed_loras) if self.is_driver else None
         logits = self.model_runner.execute(entries)
         if not self.is_driver:
             return None
-        output = ModelRunnerOutput([s.req_id for s in sample_states], [])
+        output = ModelRunnerOutput([s.req_id for s in sample_states], [], failed_loras=failed_loras)
         for state, row, start, end in prompt_lp:
             output.prompt_logprobs[state.req_id] = self._prompt_logprobs(state, logits[row:row + end - start], start, end)
         if sample_states:
             self._sample(logits[sample_rows] if num_rows != len(sample_rows) else logits, sample_states, output)
         return output
+
+    def _prepare_loras(self, so: SchedulerOutput) -> dict[int, str]:
+        """Load this step's adapters before the forward; those that cannot be used -> reason."""
+        manager = getattr(self.model_runner, "lora_manager", None)
+        lora_ids = [self.requests[req_id].lora_id for req_id in so.num_scheduled_tokens]
+        if manager is None or not any(lora_ids):
+            return {}
+        return manager.prepare_step(lora_ids)
 
     def _sampling_metadata(self, states: list[CachedRequestState]):
         key = tuple(s.req_id for s in states)

@@ -35,6 +35,21 @@ def slice_rows(base: LinearBase, num_slices: int) -> list[tuple[int, int]]:
     return [(end - size, end) for size, end in zip(sizes, ends)]
 
 
+def full_features(base: LinearBase, index: int) -> tuple[int, int]:
+    """(in_features, out_features) of packed slice ``index`` before tensor-parallel sharding: the shape of
+    the checkpoint's weight, hence of a PEFT adapter's A [r, in] and B [out, r] for that module."""
+    in_features, out_features = base.input_size, base.output_size
+    if base.tp_dim == 1:  # row parallel: the input features are split
+        return in_features * base.tp_size, out_features
+    if base.tp_dim is None:  # replicated
+        return in_features, out_features
+    if isinstance(base, QKVParallelLinear):
+        heads = base.total_num_heads if index == 0 else base.total_num_kv_heads
+        return in_features, heads * base.head_size
+    sizes = getattr(base, "output_sizes", None)  # MergedColumnParallelLinear: unsharded sizes
+    return in_features, sizes[index] if sizes is not None else out_features * base.tp_size
+
+
 class LoRALinear(nn.Module):
     def __init__(self, base: LinearBase, shard_ids: list[Any], num_slots: int, max_rank: int,
                  token_scales: Callable[[], torch.Tensor | None]) -> None:

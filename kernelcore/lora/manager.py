@@ -1,12 +1,16 @@
 """The worker's LoRA state: adapter paths by id, a CPU LRU cache of loaded adapters, ``max_loras`` slots.
 
 Every TP rank holds one manager; the engine core broadcasts ``add_lora(id, path)`` and each rank reads the
-adapter from disk itself (nothing a client sent is unpickled). Adapters are loaded into a slot when a step
-needs them; a slot not needed by the current step is reused least-recently-used first.
+adapter from disk itself (nothing a client sent is unpickled) and checks every tensor against the modules it
+targets, so a bad adapter is refused when it is added. Adapters are loaded into a slot when a step needs them
+(read again from disk when the CPU cache dropped them); one that cannot be loaded then fails only the
+requests that use it (:meth:`LoRAModelManager.prepare_step`). A slot not needed by the current step is reused
+least-recently-used first.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 
 import torch
@@ -14,10 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.config import KernelConfig
+from kernelcore.distributed import get_tp_group
 from kernelcore.forward_context import get_forward_context
 from kernelcore.layers.linear import LinearBase
-from kernelcore.lora.adapter import LoRAAdapter, LoRAAdapterError, load_adapter
-from kernelcore.lora.layers import LoRALinear
+from kernelcore.lora.adapter import LoRAAdapter, LoRAAdapterError, check_shapes, load_adapter, log_detail
+from kernelcore.lora.layers import LoRALinear, full_features
+
+logger = logging.getLogger("kernelcore.lora")
 
 
 def lora_module_names(model_cls: type) -> set[str]:
@@ -39,6 +46,7 @@ class LoRAModelManager:
         self.slot_scaling = torch.zeros(self.num_slots + 1, dtype=self.dtype, device=weight.device)  # 0 = base model
         self.targets: dict[str, tuple[LoRALinear, int]] = {}  # PEFT module path -> (layer, slice index)
         self.layers = self._wrap(model)
+        self.features = {name: full_features(layer.base, i) for name, (layer, i) in self.targets.items()}
         self._ids: torch.Tensor | None = None
         self._scales: torch.Tensor | None = None
 
@@ -76,29 +84,37 @@ class LoRAModelManager:
     # -- adapters -----------------------------------------------------------------------------------------------
 
     def add_lora(self, lora_id: int, path: str) -> None:
+        """Register and check the adapter at ``path`` (LoRANotFoundError, LoRAAdapterError: nothing is kept)."""
         if self.paths.get(lora_id) != path:
             self.remove_lora(lora_id)
         self.paths[lora_id] = path
+        try:
+            self.get_adapter(lora_id)
+        except BaseException:
+            self.paths.pop(lora_id, None)
+            raise
 
     def remove_lora(self, lora_id: int) -> None:
         self.paths.pop(lora_id, None)
         self.cpu_cache.pop(lora_id, None)
         if lora_id in self.slot_ids:
-            slot = self.slot_ids.index(lora_id)
-            self.slot_ids[slot] = None
-            for layer in self.layers:
-                layer.clear_slot(slot)
-            self.slot_lru.move_to_end(slot, last=False)
+            self._clear_slot(self.slot_ids.index(lora_id))
 
     def get_adapter(self, lora_id: int) -> LoRAAdapter:
         adapter = self.cpu_cache.get(lora_id)
         if adapter is None:
             if lora_id not in self.paths:
                 raise LoRAAdapterError(f"LoRA adapter id {lora_id} was never added to this worker")
-            adapter = load_adapter(self.paths[lora_id], self.max_rank)
-            unknown = sorted(set(adapter.weights) - set(self.targets))
-            if unknown:
-                raise LoRAAdapterError(f"adapter {adapter.path!r} targets modules this model cannot adapt: {unknown[:4]}")
+            path = self.paths[lora_id]
+            try:
+                adapter = load_adapter(path, self.max_rank)
+                check_shapes(adapter, self.features)
+            except OSError as exc:  # LoRANotFoundError, or the files went away: the client sees no path
+                logger.warning("LoRA adapter id %d at %s cannot be read: %s", lora_id, path, exc)
+                raise LoRAAdapterError(f"the adapter's files cannot be read ({type(exc).__name__})") from exc
+            except LoRAAdapterError as exc:
+                logger.warning("LoRA adapter id %d at %s refused: %s", lora_id, path, log_detail(exc))
+                raise
             self.cpu_cache[lora_id] = adapter
             while len(self.cpu_cache) > self.max_cpu_loras:
                 self.cpu_cache.popitem(last=False)
@@ -116,6 +132,44 @@ class LoRAModelManager:
         self.slot_ids[slot] = lora_id
         self.slot_scaling[slot + 1] = adapter.scaling
 
+    def _clear_slot(self, slot: int) -> None:
+        self.slot_ids[slot] = None
+        self.slot_scaling[slot + 1] = 0
+        for layer in self.layers:
+            layer.clear_slot(slot)
+        self.slot_lru.move_to_end(slot, last=False)
+
+    def _free_slot(self, needed: set[int]) -> int:
+        return next(s for s in self.slot_lru if self.slot_ids[s] not in needed)
+
+    def prepare_step(self, lora_ids: list[int]) -> dict[int, str]:
+        """Load every adapter of this step into a slot, before the forward; returns the adapters that cannot be
+        used (id -> reason for the client): their requests are left out of the step, the others run.
+
+        Every tensor-parallel rank reaches the same verdict (one small all-reduce, only when a step loads
+        adapters), so the ranks always run the same batch."""
+        needed = set(lora_ids) - {0}
+        if len(needed) > self.num_slots:
+            raise RuntimeError(f"a step needs {len(needed)} LoRA adapters but max_loras is {self.num_slots}")
+        missing = sorted(needed - set(self.slot_ids))
+        failed: dict[int, str] = {}
+        for lora_id in missing:
+            slot = self._free_slot(needed)
+            try:
+                self._load_slot(slot, lora_id)
+            except LoRAAdapterError as exc:
+                self._clear_slot(slot)
+                failed[lora_id] = str(exc)
+        tp = get_tp_group()
+        if missing and tp.world_size > 1:
+            flags = torch.tensor([float(i in failed) for i in missing], device=self.slot_scaling.device)
+            flags = tp.all_reduce(flags)
+            for lora_id, flag in zip(missing, flags.tolist()):
+                if flag and lora_id not in failed:
+                    self._clear_slot(self.slot_ids.index(lora_id))
+                    failed[lora_id] = "the adapter could not be loaded on every tensor-parallel rank"
+        return failed
+
     def activate(self, lora_ids: list[int]) -> list[int]:
         """Put every adapter of this step in a slot; returns each entry's adapter index (slot + 1, 0 = base)."""
         needed = set(lora_ids) - {0}
@@ -123,7 +177,7 @@ class LoRAModelManager:
             raise RuntimeError(f"a step needs {len(needed)} LoRA adapters but max_loras is {self.num_slots}")
         slot_of = {lora_id: slot for slot, lora_id in enumerate(self.slot_ids) if lora_id in needed}
         for lora_id in needed - set(slot_of):
-            slot = next(s for s in self.slot_lru if self.slot_ids[s] not in needed)
+            slot = self._free_slot(needed)
             self._load_slot(slot, lora_id)
             slot_of[lora_id] = slot
         for slot in slot_of.values():

@@ -116,7 +116,7 @@ def confine(root: str, path: str) -> str:
     real_root = os.path.realpath(root)
     real = os.path.realpath(os.path.join(real_root, path))
     if os.path.commonpath([real_root, real]) != real_root:
-        raise LoRAPathError(f"LoRA path {path!r} is outside the adapter root {root!r}")
+        raise LoRAPathError(f"LoRA path {path!r} is outside the adapter root")  # the root is not the client's
     return real
 
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from kernelcore.lora.adapter import LoRAAdapterError, load_adapter
+from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError, load_adapter, log_detail
 from kernelcore.lora.resolver import build_registry, confine, resolve
 
 logger = logging.getLogger("kernelcore.lora")
@@ -81,8 +81,16 @@ class LoRAServing:
                 self._locks[name] = (lock, num_users - 1)
 
     def check(self, path: str) -> None:
-        """Read and validate the adapter (raises LoRANotFoundError, LoRAAdapterError)."""
-        adapter = load_adapter(path, self.max_rank)
+        """Read and validate the adapter (raises LoRANotFoundError, LoRAAdapterError; messages carry no path).
+
+        Its tensors' shapes are checked against the model's modules by every worker when the engine adds it."""
+        try:
+            adapter = load_adapter(path, self.max_rank)
+        except LoRANotFoundError:
+            raise
+        except OSError as exc:
+            logger.warning("LoRA adapter at %s cannot be read: %s", path, exc)
+            raise LoRAAdapterError(f"the adapter's files cannot be read ({type(exc).__name__})") from None
         unsupported = sorted({name.rsplit(".", 1)[-1] for name in adapter.weights} - self.supported_modules)
         if unsupported:
             raise LoRAAdapterError(f"the adapter targets modules this model cannot adapt: {unsupported}; "
@@ -104,10 +112,14 @@ class LoRAServing:
             if is_runtime and self.lora_root is not None:
                 path = confine(self.lora_root, path)
             path = os.path.realpath(path)
-            await asyncio.to_thread(self.check, path)
-            lora = LoRARequest(name, self._next_id, path)
-            self._next_id += 1
-            await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
+            try:
+                await asyncio.to_thread(self.check, path)
+                lora = LoRARequest(name, self._next_id, path)
+                self._next_id += 1
+                await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
+            except LoRAAdapterError as exc:
+                logger.warning("LoRA adapter %r at %s refused: %s", name, path, log_detail(exc))
+                raise
             self.adapters[name] = lora
             logger.info("LoRA adapter %r (id %d) loaded from %s", name, lora.lora_id, path)
             return lora
@@ -134,12 +146,14 @@ class LoRAServing:
         resolver, path = found
         try:
             await asyncio.to_thread(self.check, path)
-        except (OSError, ValueError) as exc:
+            lora = LoRARequest(name, self._next_id, path)
+            self._next_id += 1
+            await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
+        except (LoRANotFoundError, LoRAAdapterError) as exc:  # the client's words: the name, never the path
+            logger.warning("LoRA adapter %r found by resolver %r at %s refused: %s", name, resolver, path,
+                           log_detail(exc))
             raise LoRAAdapterError(f"LoRA adapter '{name}' was found by resolver {resolver!r} but could not be "
                                    f"loaded: {exc}") from exc
-        lora = LoRARequest(name, self._next_id, path)
-        self._next_id += 1
-        await self.engine.add_lora(lora.lora_id, lora.path, name=lora.name)
         self.adapters[name] = lora
         logger.info("LoRA adapter %r (id %d) resolved by %s: %s", name, lora.lora_id, resolver, path)
         return lora

@@ -9,7 +9,7 @@ from aiohttp import web
 from kernelcore import envs
 from kernelcore.entrypoints.server.state import ServerState, get_state, read_json
 from kernelcore.entrypoints.server.errors import APIError
-from kernelcore.lora.adapter import LoRANotFoundError
+from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError
 from kernelcore.lora.serving import LoRAExistsError, LoRARequest, LoRAServing, LoRAUnknownError
 
 
@@ -19,7 +19,10 @@ async def setup(app: web.Application, state: ServerState) -> LoRAServing:
     serving = LoRAServing(state.engine, state.model_name, options.lora_root or envs.KC_LORA_RESOLVER_DIR,
                           options.allow_runtime_lora_updating)
     for name, path in options.lora_modules.items():
-        await serving.load(name, path, is_runtime=False)
+        try:
+            await serving.load(name, path, is_runtime=False)
+        except (OSError, ValueError) as exc:  # the operator's flag: a clear start-up error, not a traceback
+            raise LoRAAdapterError(f"{name}={path}: {exc}") from None
     if options.allow_runtime_lora_updating:
         app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
