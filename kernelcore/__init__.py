@@ -3,10 +3,11 @@
 ``import kernelcore`` is cheap: it neither resolves the platform nor loads plugins.
 """
 
+from kernelcore.contract import CONTRACT_VERSION, require_contract
 from kernelcore.hookspecs import hookimpl, hookspec
 
 __version__ = "0.1.0"
-__all__ = ["hookimpl", "hookspec", "LLM", "SamplingParams", "__version__"]
+__all__ = ["CONTRACT_VERSION", "hookimpl", "hookspec", "require_contract", "LLM", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):

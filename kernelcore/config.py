@@ -11,7 +11,7 @@ from typing import Any, Iterator
 @dataclass
 class ModelConfig:
     model: str | None = None  # local HF directory; None = the embedded default model
-    dtype: str = "float32"  # "float32" | "bfloat16" | "float16" | "auto"
+    dtype: str = "auto"  # "auto" (the platform's choice; float32 if it makes none) | "float32" | "bfloat16" | "float16"
     quantization: str | None = None  # a quantization-method name ("int8", ...); None = unquantized
     max_model_len: int | None = None  # None = from the HF config
     hf_overrides: dict[str, Any] = field(default_factory=dict)
@@ -27,7 +27,7 @@ class ModelConfig:
 @dataclass
 class CacheConfig:
     block_size: int = 16
-    is_block_size_user_set: bool = False
+    is_block_size_user_set: bool = False  # deprecated: use KernelConfig.is_user_set("cache.block_size")
     kv_cache_memory: int = 2 << 30  # bytes for the whole KV cache (per rank)
     num_blocks: int | None = None  # set by the worker after profiling
     enable_prefix_caching: bool = True
@@ -101,6 +101,11 @@ class KernelConfig:
     device_type: str = "cpu"
     platform_plugin: str | None = None  # entry-point name of the resolved platform
     plugin_options: dict[str, Any] = field(default_factory=dict)  # CLI options plugins added (pre_register_and_update)
+    user_set: frozenset[str] = frozenset()  # "section.field" names the user gave explicitly ("model.dtype")
+
+    def is_user_set(self, name: str) -> bool:
+        """Whether the user chose ``name`` (e.g. ``"cache.block_size"``): a platform defaults only the others."""
+        return name in self.user_set
 
     def for_rank(self, rank: int) -> "KernelConfig":
         return dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, rank=rank))

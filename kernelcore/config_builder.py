@@ -1,9 +1,9 @@
 """Build a KernelConfig from user arguments, calling the platform hooks in order.
 
-Order (the seed's stops 5-7): general plugins loaded, ``pre_register_and_update()``,
-HF config + ``hf_overrides`` -> architecture resolved in the registry,
-``apply_config_platform_defaults``, ``check_and_update_config`` (platform last),
-custom-op list validated, ``validate_environ``.
+Order: general plugins loaded, ``pre_register_and_update()``, HF config + ``hf_overrides`` ->
+architecture resolved in the registry, ``apply_config_platform_defaults``, ``check_and_update_config``
+(platform last), ``update_block_size_for_backend``, custom-op list validated, ``validate_environ``.
+A hook that raises becomes a one-line PluginError naming its plugin.
 """
 
 from __future__ import annotations
@@ -39,7 +39,27 @@ def load_hf_config(model: ModelConfig):
     return _load_hf_config_cached(model.model, json.dumps(model.hf_overrides, sort_keys=True))
 
 
-def _split(kwargs: dict[str, Any], cls: type) -> dict[str, Any]:
+_SECTIONS = (("model", ModelConfig), ("cache", CacheConfig), ("parallel", ParallelConfig),
+             ("scheduler", SchedulerConfig), ("lora", LoraConfig))
+
+
+def _update_block_size(config: KernelConfig) -> None:
+    """The platform's block size, chosen once here so the KV manager and every worker agree on it."""
+    from kernelcore import plugins
+
+    before = config.cache.block_size
+    plugins.call_each("update_block_size_for_backend", config=config)
+    after = config.cache.block_size
+    if after != before:
+        if config.is_user_set("cache.block_size"):
+            raise plugins.PluginError(f"the platform changed the user's block size {before} to {after} in "
+                                      "update_block_size_for_backend (it may only default an unset one)")
+        if not isinstance(after, int) or after < 1:
+            raise plugins.PluginError(f"update_block_size_for_backend set block_size={after!r}: not a positive int")
+        logger.info("Block size %d chosen by platform %s (was %d)", after, config.platform_plugin, before)
+
+
+def _split(kwargs: dict[str, Any], cls: Any) -> dict[str, Any]:
     names = set(cls.__dataclass_fields__)
     return {k: kwargs.pop(k) for k in list(kwargs) if k in names and kwargs[k] is not None}
 
@@ -64,6 +84,8 @@ def build_config(**kwargs: Any) -> KernelConfig:
     plugin_options = dict(kwargs.pop("plugin_options", None) or {})
     if kwargs.get("block_size") is not None:
         kwargs["is_block_size_user_set"] = True
+    user_set = frozenset(f"{section}.{name}" for section, cls in _SECTIONS for name in cls.__dataclass_fields__
+                         if kwargs.get(name) is not None)
     model = ModelConfig(**_split(kwargs, ModelConfig))
     if model.quantization is not None:
         from kernelcore.quantization import check_quantization
@@ -90,6 +112,13 @@ def build_config(**kwargs: Any) -> KernelConfig:
     logger.info("Resolved architecture: %s", model.architecture)
     kv_window = getattr(model_cls, "kv_cache_sliding_window", None)  # optional: the model's KV-cache horizon
     cache.sliding_window = kv_window(hf_config) if kv_window is not None else None
+    info = model_registry.inspect(model.architecture)
+    if (parallel.tensor_parallel_size or 1) > 1 and not info.supports_tensor_parallel:
+        raise ValueError(f"{model.architecture} (plugin {model_registry.owners()[model.architecture]}) does not "
+                         "support tensor parallelism (supports_tensor_parallel is not set)")
+    if lora.enable_lora and not info.supports_lora:
+        raise ValueError(f"{model.architecture} (plugin {model_registry.owners()[model.architecture]}) does not "
+                         "support LoRA (supports_lora is not set)")
     native_len = getattr(hf_config, "max_position_embeddings", None) or 2048
     if model.max_model_len is None:
         model.max_model_len = native_len
@@ -98,13 +127,16 @@ def build_config(**kwargs: Any) -> KernelConfig:
 
     config = KernelConfig(model=model, cache=cache, parallel=parallel, scheduler=scheduler, lora=lora, decoding=decoding,
                           custom_ops=custom_ops, device_type=current_platform.device_type, plugin_options=plugin_options,
-                          platform_plugin=current_platform.plugin_name)
-    pm.hook.apply_config_platform_defaults(config=config)
-    pm.hook.check_and_update_config(config=config)
+                          platform_plugin=current_platform.plugin_name, user_set=user_set)
+    plugins.call_each("apply_config_platform_defaults", config=config)
+    plugins.call_each("check_and_update_config", config=config)
+    _update_block_size(config)
+    if config.model.dtype == "auto":
+        config.model.dtype = "float32"  # no platform chose one
     if not any(mode in config.custom_ops for mode in ("all", "none")):
         config.custom_ops.append("all")
     validate_custom_ops(config.custom_ops)
-    pm.hook.validate_environ(config=config)
+    plugins.call_each("validate_environ", config=config)
     if config.parallel.worker_cls == "auto":
         raise RuntimeError(
             f"platform {current_platform.plugin_name!r} ({type(current_platform).__name__}) left worker_cls='auto': "

@@ -7,6 +7,9 @@
 * At construction the op dispatches once, by the config's custom-ops list and
   the platform, to ``forward_cuda`` / ``forward_cpu`` / ``forward_oot`` /
   ``forward_native``.
+* On an out-of-tree platform the default ``forward_oot`` runs the kernel-table
+  path (``forward_cuda``) when the platform overrode every kernel the op
+  declares in ``kernel_names``, else ``forward_native``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def _same_definition(a: type, b: type) -> bool:
 
 class CustomOp(torch.nn.Module):
     name: str = ""
+    kernel_names: tuple[str, ...] = ()  # kernel-table entries forward_cuda calls
 
     def __new__(cls, *args: Any, **kwargs: Any):
         replacement = op_registry_oot.get(cls.__name__)
@@ -71,7 +75,12 @@ class CustomOp(torch.nn.Module):
         return self.forward_native(*args, **kwargs)
 
     def forward_oot(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_native(*args, **kwargs)
+        return getattr(self, "_oot_default", self.forward_native)(*args, **kwargs)
+
+    def _uses_overridden_kernels(self) -> bool:
+        from kernelcore.kernels import kernel_table
+
+        return bool(self.kernel_names) and all(kernel_table.is_overridden(n) for n in self.kernel_names)
 
     @property
     def forward_method_name(self) -> str:
@@ -92,6 +101,7 @@ class CustomOp(torch.nn.Module):
         from kernelcore.platforms import current_platform
 
         if current_platform.is_out_of_tree():
+            self._oot_default = self.forward_cuda if self._uses_overridden_kernels() else self.forward_native
             return self.forward_oot
         if current_platform.device_type == "cuda":
             return self.forward_cuda
@@ -100,8 +110,8 @@ class CustomOp(torch.nn.Module):
         return self.forward_native
 
     @classmethod
-    def register(cls, name: str) -> Callable[[type], type]:
-        def decorator(op_cls: type) -> type:
+    def register(cls, name: str) -> Callable[[Any], Any]:
+        def decorator(op_cls: Any) -> Any:
             existing = op_registry.get(name)
             if existing is not None and not _same_definition(existing, op_cls):
                 raise ValueError(f"custom op name {name!r} is registered twice: by {_owner(existing)} and by {_owner(op_cls)}")

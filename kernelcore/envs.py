@@ -2,7 +2,8 @@
 
 Read through attribute access (``envs.KC_PLUGINS``). Until :func:`freeze` is
 called they reflect ``os.environ`` live; after it (at the end of a process's
-start-up) every variable is read once and later changes are ignored.
+start-up) every variable is read once and later changes are ignored. A plugin
+declares its own with :func:`declare` when its module is imported.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _bool(value: str | None) -> bool:
 
 # name -> parser of the raw string (None when unset)
 VARIABLES: dict[str, Callable[[str | None], Any]] = {
-    "KC_PLUGINS": _csv,  # allow-list of third-party entry-point names; unset = all
+    "KC_PLUGINS": _csv,  # allow-list of third-party entry-point names (every group); unset = all
     "KC_BLOCK_PLUGINS": lambda v: _csv(v) or [],  # blocked entry-point names, built-ins included
     "KC_PLATFORM": lambda v: (v or "").strip() or None,  # force a platform by entry-point name
     "KC_TRACE_PLUGINS": lambda v: v or None,  # file receiving one JSON line per hook call
@@ -31,11 +32,26 @@ VARIABLES: dict[str, Callable[[str | None], Any]] = {
     "KC_CACHE_DIR": lambda v: v or os.path.join(os.path.expanduser("~"), ".cache", "kernelcore"),
     "KC_API_KEY": lambda v: v or None,
     "KC_LORA_RESOLVER_DIR": lambda v: v or None,
-    "KC_LORA_HF_REPOS": _csv,
     "KC_ALLOW_RUNTIME_LORA_UPDATING": _bool,
     "KC_READY_TIMEOUT": lambda v: float(v or 300),
-    "KC_CPU_NATIVE_KERNELS": lambda v: v is None or _bool(v),  # 0 = the CPU platform uses torch ops only
 }
+OWNERS: dict[str, str] = {name: "kernelcore" for name in VARIABLES}  # name -> who declared it
+
+csv, boolean = _csv, _bool  # parsers for declare()
+
+
+def declare(name: str, parse: Callable[[str | None], Any], owner: str) -> None:
+    """Declare a plugin's variable: ``envs.NAME`` then returns ``parse(os.environ.get(NAME))``.
+
+    Re-declaring by the same owner is a no-op (re-imports); another owner's name is an error.
+    """
+    if not name.startswith("KC_") or not name.isupper():
+        raise ValueError(f"{owner} declares {name!r}: kernelcore variables are upper case and start with KC_")
+    if OWNERS.get(name, owner) != owner:
+        raise ValueError(f"{owner} declares {name}, which {OWNERS[name]} already declared")
+    VARIABLES[name], OWNERS[name] = parse, owner
+    if _frozen is not None:
+        _frozen[name] = parse(os.environ.get(name))
 
 _frozen: dict[str, Any] | None = None
 

@@ -84,7 +84,10 @@ def apply_config_platform_defaults(config: KernelConfig) -> None:
     """Fill platform defaults into a freshly built config, in place.
 
     Runs after the user's arguments are applied and before the custom-op
-    default and :func:`check_and_update_config`.
+    default and :func:`check_and_update_config`. Fields the user did not set
+    are ``"auto"`` (``config.model.dtype``) or reported by
+    ``config.is_user_set("section.field")``; leave the others alone. A dtype
+    still ``"auto"`` after the platform hooks becomes ``"float32"``.
 
     :param config: the config being built.
 
@@ -110,6 +113,9 @@ def check_and_update_config(config: KernelConfig) -> None:
 def validate_environ(config: KernelConfig) -> None:
     """Check environment variables the platform depends on; raise if unusable.
 
+    The refusal reaches the user as one line naming the plugin, its distribution,
+    this hook and the message (the traceback is logged at debug level).
+
     :param config: the finished config.
 
     Called in: the front-end process, after :func:`check_and_update_config`.
@@ -118,14 +124,16 @@ def validate_environ(config: KernelConfig) -> None:
 
 @hookspec
 def update_block_size_for_backend(config: KernelConfig) -> None:
-    """Adjust ``config.cache.block_size`` to one the attention backend accepts.
+    """Choose ``config.cache.block_size``: one the platform's attention backend accepts.
 
-    Only change it when the user did not set one
-    (``config.cache.is_block_size_user_set`` is False).
+    Only change it when the user did not set one (``config.is_user_set("cache.block_size")``
+    is False); changing a user's block size is an error. The value chosen here is the one
+    the KV-cache manager and every worker use, at any tensor-parallel size.
 
-    :param config: the worker's copy of the config.
+    :param config: the config being built, after :func:`check_and_update_config`.
 
-    Called in: every worker, after the model is built.
+    Called in: the front-end process, once, while the config is built (before any
+    worker starts).
     """
 
 
@@ -224,7 +232,11 @@ def register_triton_kernel_overrides(kernels: KernelTable) -> None:
     """Replace core kernels before any worker or model code can launch them.
 
     Call ``kernels.override(name, fn)``, e.g. a torch fallback where Triton
-    cannot run.
+    cannot run; the override is recorded under the implementing plugin's name
+    and the core writes the winners to the plugin trace (``kernel_table``).
+    On an out-of-tree platform an in-tree op whose kernels (its
+    ``kernel_names``) are all overridden runs them from its default
+    ``forward_oot``.
 
     :param kernels: the process's kernel table.
 
@@ -269,9 +281,11 @@ def register_endpoints(app: Any, engine: Any) -> Any:
     with a core route makes the plugin fail. The routes sit behind the same
     middlewares as the core ones (``--api-key``, error envelope).
 
-    Off by default: only plugins named in ``KC_PLUGINS``, or every plugin with
-    ``kc serve --enable-endpoint-plugins``, are called. A plugin that raises is
-    skipped and logged with its name; the server still starts.
+    Off by default: only plugins named in ``--endpoint-plugins`` /
+    ``KC_ENDPOINT_PLUGINS`` (independent of the ``KC_PLUGINS`` allow-list), or
+    every plugin with ``kc serve --enable-endpoint-plugins``, are called. A
+    plugin that raises is skipped and logged with its name; the server still
+    starts.
 
     :param app: the :class:`aiohttp.web.Application`, before it starts.
     :param engine: the :class:`~kernelcore.engine.async_llm.AsyncLLM` serving requests.

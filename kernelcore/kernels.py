@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
+
+from kernelcore.contract import deprecated_names
 
 logger = logging.getLogger("kernelcore.kernels")
 
@@ -22,29 +24,51 @@ class KernelEntry:
     is_override: bool = False
 
 
+DIRECT = "<direct call>"  # the owner of a registration made outside a plugin's hook
+
+
+class OwnedView:
+    """What a registration hook receives: ``target`` with every registration stamped with the plugin's name."""
+
+    def __init__(self, target: Any, owner: str) -> None:
+        self._target, self._owner = target, owner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if name in getattr(self._target, "OWNED_METHODS", ()):
+            def stamped(*args: Any, **kwargs: Any) -> Any:
+                kwargs.setdefault("owner", self._owner)
+                return attr(*args, **kwargs)
+            return stamped
+        return attr
+
+
 class KernelTable:
+    OWNED_METHODS = ("register", "override")
+
     def __init__(self) -> None:
         self._entries: dict[str, KernelEntry] = {}
 
-    def _owner(self) -> str:
-        from kernelcore import plugins
+    def owned_by(self, owner: str) -> "KernelTable":
+        return OwnedView(self, owner)  # type: ignore[return-value]
 
-        return plugins.loading_plugin or "<direct call>"
-
-    def register(self, name: str, fn: Callable) -> None:
+    def register(self, name: str, fn: Callable, owner: str = DIRECT) -> None:
         """Add a kernel. Re-registering by the same plugin is a no-op (spawn, reload)."""
-        owner = self._owner()
         existing = self._entries.get(name)
         if existing is not None and existing.owner != owner:
             raise ValueError(f"kernel {name!r} is registered by plugin {existing.owner} and again by {owner}; "
                              "a platform replaces kernels with override() in register_triton_kernel_overrides")
         self._entries[name] = KernelEntry(name, fn, owner)
 
-    def override(self, name: str, fn: Callable, owner: str | None = None) -> None:
+    def override(self, name: str, fn: Callable, owner: str = DIRECT) -> None:
         """Replace a registered kernel (the platform's prerogative)."""
         if name not in self._entries:
             raise KeyError(f"cannot override unknown kernel {name!r}; known: {sorted(self._entries)}")
-        self._entries[name] = KernelEntry(name, fn, owner or self._owner(), is_override=True)
+        self._entries[name] = KernelEntry(name, fn, owner, is_override=True)
+
+    def is_overridden(self, name: str) -> bool:
+        entry = self._entries.get(name)
+        return entry is not None and entry.is_override
 
     def get(self, name: str) -> Callable:
         try:
@@ -55,6 +79,10 @@ class KernelTable:
     def has(self, name: str) -> bool:
         return name in self._entries
 
+    def owners(self) -> list[str]:
+        """The plugins whose kernels are in the table."""
+        return sorted({e.owner for e in self._entries.values()})
+
     def winners(self) -> dict[str, str]:
         """name -> "owner:function" of the implementation in use (for the trace)."""
         return {n: f"{e.owner}:{getattr(e.fn, '__qualname__', repr(e.fn))}" for n, e in sorted(self._entries.items())}
@@ -63,13 +91,15 @@ class KernelTable:
 kernel_table = KernelTable()
 
 
-def trace_winners() -> None:
-    """Write the implementation in use for each kernel to the plugin trace (end of a worker's start-up)."""
-    from kernelcore import envs, plugins
+def _trace_winners() -> Callable[[], None]:
+    from kernelcore import plugins
 
-    winners = kernel_table.winners()
-    owners = sorted({e.owner for e in kernel_table._entries.values()})
-    plugins.trace_event(envs.KC_TRACE_PLUGINS, hook="kernel_table", plugins=owners, result=winners, ok=True)
+    return plugins.trace_kernel_table
+
+
+# trace_winners moved: the core writes the kernel_table trace event at the end of every worker's start-up.
+__getattr__ = deprecated_names(__name__, {"trace_winners": ("kernelcore.plugins.trace_kernel_table", _trace_winners)},
+                               removed_in="1.1")
 
 
 # -- the named kernels: their contract and torch reference implementations ------------------------------

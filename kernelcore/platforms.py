@@ -11,9 +11,9 @@ import logging
 import time
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kernelcore import envs
+from kernelcore import envs, plugins
 from kernelcore.hookspecs import hookimpl
 
 logger = logging.getLogger("kernelcore.platforms")
@@ -28,19 +28,13 @@ class Platform:
 
     device_name: str = "unspecified"
     device_type: str = "cpu"  # a torch device type
-    dist_backend: str = "gloo"
+    priority: int = 0  # among several active built-in platforms, the highest wins
     plugin_name: str = "?"  # the entry point that detected it (set by the core)
     is_builtin: bool = False  # set by the core from the entry point's distribution
     decision: dict | None = None  # why it won, and every detector's answer (set by the core)
 
     def is_out_of_tree(self) -> bool:
         return not self.is_builtin
-
-    def is_cpu(self) -> bool:
-        return self.device_type == "cpu" and not self.is_out_of_tree()
-
-    def is_cuda(self) -> bool:
-        return self.device_type == "cuda" and not self.is_out_of_tree()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device_name={self.device_name!r}, plugin={self.plugin_name!r})"
@@ -87,8 +81,6 @@ class Detection:
 
 def detect_all() -> list[Detection]:
     """Call every loaded platform detector once; a raising one counts as inactive."""
-    from kernelcore import plugins
-
     detections = []
     for record in plugins.load_platform_plugins():
         if record.status != "loaded" or "detect_platform" not in record.hooks:
@@ -123,18 +115,17 @@ def choose(detections: list[Detection]) -> tuple[Detection, str]:
     if not active:
         raise RuntimeError(f"No platform is active. Detectors tried: {[d.name for d in detections] or 'none'}; "
                            "is kernelcore installed (its entry points register the built-in platforms)?")
-    # Several built-ins (e.g. cuda and cpu): the first non-cpu device wins.
-    active.sort(key=lambda d: d.name == "cpu")
+    # Several built-ins (e.g. cuda and cpu): the highest Platform.priority wins, ties by name.
+    if len(active) > 1:
+        active.sort(key=lambda d: (-getattr(resolve_obj_by_qualname(d.qualname or ""), "priority", 0), d.name))
     return active[0], "built-in platform detected" + (f" (over {[d.name for d in active[1:]]})" if len(active) > 1 else "")
 
 
 def resolve_platform() -> Platform:
-    from kernelcore import plugins
-
     started = time.perf_counter()
     detections = detect_all()
     winner, why = choose(detections)
-    cls = resolve_obj_by_qualname(winner.qualname)
+    cls = resolve_obj_by_qualname(winner.qualname or "")
     if not (isinstance(cls, type) and issubclass(cls, Platform)):
         raise TypeError(f"platform plugin {winner.name!r} returned {winner.qualname!r}, which is not a Platform subclass")
     platform = cls()
@@ -144,23 +135,25 @@ def resolve_platform() -> Platform:
         logger.info("Platform plugin %s is activated", winner.name)
     else:
         logger.debug("Automatically detected platform %s (%s)", winner.name, why)
-    plugins.get_plugin_manager().register(platform, name=f"{winner.name}:platform")
+    plugins.register_platform(platform, winner.name)
     plugins.trace_event(envs.KC_TRACE_PLUGINS, hook="platform_resolved", plugins=[winner.name],
                         result=winner.qualname, why=why, duration_ms=round((time.perf_counter() - started) * 1000, 3), ok=True)
     return platform
 
 
-_current_platform: Platform | None = None
+if TYPE_CHECKING:
+    current_platform: Platform  # resolved on first access by __getattr__ below
 
 
 def __getattr__(name: str) -> Any:
-    global _current_platform
     if name == "current_platform":
-        if _current_platform is None:
-            _current_platform = resolve_platform()
-        return _current_platform
+        # Held in the per-process plugin state: a forked child resolves (and registers) its own.
+        state = plugins.process_state()
+        if state.platform is None:
+            state.platform = resolve_platform()
+        return state.platform
     raise AttributeError(f"module 'kernelcore.platforms' has no attribute {name!r}")
 
 
 def is_resolved() -> bool:
-    return _current_platform is not None
+    return plugins.process_state().platform is not None

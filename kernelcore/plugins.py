@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata as md
 import json
 import logging
@@ -49,11 +50,12 @@ class _ProcessState:
     records: dict[tuple[str, str], PluginRecord] = field(default_factory=dict)
     general_loaded: bool = False
     platform_loaded: bool = False
+    op_owners: dict[str, str] = field(default_factory=dict)  # in-tree op name -> plugin whose register_ops replaced it
+    platform: Any = None  # this process's Platform instance (kernelcore.platforms.current_platform)
 
 
 _state: _ProcessState | None = None
 _state_pid: int | None = None
-loading_plugin: str | None = None  # the plugin whose start-up hooks are running (for ownership records)
 
 
 def _process_state() -> _ProcessState:
@@ -70,6 +72,11 @@ def _process_state() -> _ProcessState:
 
 def get_plugin_manager() -> pluggy.PluginManager:
     return _process_state().pm
+
+
+def process_state() -> _ProcessState:
+    """This process's plugin manager, plugin records and platform (rebuilt after a fork)."""
+    return _process_state()
 
 
 def reset_for_tests() -> None:
@@ -150,6 +157,14 @@ def allowed_status(record: PluginRecord) -> str | None:
     return None
 
 
+def warn_excluded_platforms(records: list[PluginRecord]) -> None:
+    excluded = [r for r in records if r.status == "not-allowed"]
+    for r in excluded:
+        logger.warning("KC_PLUGINS=%s excludes the installed platform plugin %r (%s), so its device is not used; "
+                       "add %s to KC_PLUGINS to use it (endpoint plugins are enabled with KC_ENDPOINT_PLUGINS instead)",
+                       ",".join(envs.KC_PLUGINS or []), r.name, r.dist, r.name)
+
+
 def warn_unknown_allowed_names() -> None:
     allow = envs.KC_PLUGINS
     if not allow:
@@ -188,8 +203,35 @@ def _load_group(group: str, is_fatal: bool = True) -> list[tuple[PluginRecord, A
                 f"in process {get_role()} (pid {os.getpid()}): {record.error}"
             ) from exc
         record.status = "loaded"
+        adopt_logger(record.value)
         loaded.append((record, obj))
     return loaded
+
+
+def adopt_logger(entry_point_value: str) -> None:
+    """Give the plugin's top-level package logger (``logging.getLogger("nova_kc")``) kernelcore's handler."""
+    from kernelcore.logging_setup import adopt_plugin_logger
+
+    adopt_plugin_logger(entry_point_value.split(":")[0].split(".")[0].strip())
+
+
+def unknown_hooks(pm: pluggy.PluginManager, obj: Any) -> list[str]:
+    """The hookimpl names of ``obj`` that match no hookspec, each with a suggestion."""
+    specs = [name for name in vars(pm.hook) if getattr(pm.hook, name).spec is not None]
+    problems = []
+    for caller in pm.get_hookcallers(obj) or []:
+        if caller.spec is None:
+            match = difflib.get_close_matches(caller.name, specs, n=1)
+            hint = f"; did you mean {match[0]!r}?" if match else f"; known hooks: {', '.join(sorted(specs))}"
+            problems.append(f"unknown hook {caller.name!r}{hint}")
+    return problems
+
+
+def describe(plugin_name: str) -> str:
+    """"plugin 'x' (distribution d)" for an entry-point name or a registered platform ("x:platform")."""
+    name, _, kind = plugin_name.partition(":")
+    label = "platform plugin" if kind == "platform" else "plugin"
+    return f"{label} {name!r} (distribution {plugin_dist(name)})"
 
 
 def _register(record: PluginRecord, obj: Any) -> None:
@@ -202,6 +244,41 @@ def _register(record: PluginRecord, obj: Any) -> None:
         record.status, record.error = "failed", str(exc)
         raise PluginError(f"plugin {record.name!r} (distribution {record.dist}) cannot register: {exc}") from exc
     record.hooks = sorted(caller.name for caller in pm.get_hookcallers(obj) or [])
+    problems = unknown_hooks(pm, obj)
+    if problems:
+        pm.unregister(obj)
+        record.status, record.error = "failed", "; ".join(problems)
+        raise PluginError(f"plugin {record.name!r} (distribution {record.dist}): {record.error}")
+
+
+def register_platform(platform: Any, entry_point_name: str) -> None:
+    """Register the resolved Platform instance; a misspelled hook method is an error naming it."""
+    pm = _process_state().pm
+    name = f"{entry_point_name}:platform"
+    pm.register(platform, name=name)
+    problems = unknown_hooks(pm, platform)
+    if problems:
+        pm.unregister(platform)
+        raise PluginError(f"{describe(name)}, class {type(platform).__qualname__}: {'; '.join(problems)}")
+
+
+def implementers(hook_name: str) -> list[str]:
+    """Plugin names implementing a hook, in the order pluggy calls them."""
+    return [impl.plugin_name for impl in reversed(getattr(_process_state().pm.hook, hook_name).get_hookimpls())]
+
+
+def call_each(hook_name: str, **kwargs: Any) -> None:
+    """Call a hook's implementations one by one, in pluggy's order.
+
+    One that raises stops the call with a one-line :class:`PluginError` naming the plugin, its
+    distribution, the hook and the message; the traceback is logged at debug level.
+    """
+    for plugin_name in implementers(hook_name):
+        try:
+            call_plugin_hook(plugin_name, hook_name, **kwargs)
+        except Exception as exc:
+            logger.debug("%s raised in %s", plugin_name, hook_name, exc_info=True)
+            raise PluginError(f"{describe(plugin_name)} failed in {hook_name}: {type(exc).__name__}: {exc}") from exc
 
 
 def call_plugin_hook(plugin_name: str, hook_name: str, **kwargs: Any) -> Any:
@@ -220,7 +297,11 @@ def load_platform_plugins() -> list[PluginRecord]:
     if not state.platform_loaded:
         state.platform_loaded = True
         for record, obj in _load_group(PLATFORM_GROUP, is_fatal=False):
-            _register(record, obj)
+            try:
+                _register(record, obj)
+            except PluginError as exc:
+                logger.warning("%s", exc)
+        warn_excluded_platforms([r for (g, _), r in state.records.items() if g == PLATFORM_GROUP])
     return [r for (g, _), r in state.records.items() if g == PLATFORM_GROUP]
 
 
@@ -230,7 +311,6 @@ def load_general_plugins() -> None:
     A plugin that raises stops start-up with a :class:`PluginError` naming it;
     the once-flag is set only when every plugin succeeded.
     """
-    global loading_plugin
     state = _process_state()
     if state.general_loaded:
         return
@@ -246,30 +326,57 @@ def load_general_plugins() -> None:
         for hook_name in STARTUP_HOOKS:
             if hook_name not in record.hooks:
                 continue
-            loading_plugin = record.name
             try:
-                call_plugin_hook(record.name, hook_name, **_startup_kwargs(hook_name))
+                replaced = _replaced_ops()
+                call_plugin_hook(record.name, hook_name, **_startup_kwargs(hook_name, record.name))
+                state.op_owners.update({k: record.name for k, v in _replaced_ops().items() if replaced.get(k) is not v})
             except Exception as exc:
                 record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
                 raise PluginError(
                     f"general plugin {record.name!r} (distribution {record.dist}) raised in "
                     f"{hook_name} in process {get_role()} (pid {os.getpid()}): {record.error}"
                 ) from exc
-            finally:
-                loading_plugin = None
     state.general_loaded = True
 
 
-def _startup_kwargs(hook_name: str) -> dict[str, Any]:
+def _replaced_ops() -> dict[str, type]:
+    import sys
+
+    custom_op = sys.modules.get("kernelcore.custom_op")  # not imported: nothing was replaced yet
+    return dict(custom_op.op_registry_oot) if custom_op is not None else {}
+
+
+def op_owners() -> dict[str, str]:
+    return dict(_process_state().op_owners)
+
+
+def _startup_kwargs(hook_name: str, owner: str) -> dict[str, Any]:
+    # Each plugin gets a view that stamps its registrations with its name (ownership passed explicitly).
     if hook_name == "register_models":
         from kernelcore.models.registry import model_registry
 
-        return {"registry": model_registry}
+        return {"registry": model_registry.owned_by(owner)}
     if hook_name == "register_kernels":
         from kernelcore.kernels import kernel_table
 
-        return {"kernels": kernel_table}
+        return {"kernels": kernel_table.owned_by(owner)}
     return {}
+
+
+def apply_kernel_overrides() -> None:
+    """Run every ``register_triton_kernel_overrides``, each override stamped with its plugin (a worker's start-up)."""
+    from kernelcore.kernels import kernel_table
+
+    for name in implementers("register_triton_kernel_overrides"):
+        call_plugin_hook(name, "register_triton_kernel_overrides", kernels=kernel_table.owned_by(name.split(":")[0]))
+
+
+def trace_kernel_table() -> None:
+    """Write the implementation in use for each kernel to the plugin trace (end of every worker's start-up)."""
+    from kernelcore.kernels import kernel_table
+
+    trace_event(envs.KC_TRACE_PLUGINS, hook="kernel_table", plugins=kernel_table.owners(),
+                result=kernel_table.winners(), ok=True)
 
 
 def load_stat_logger_classes() -> list[tuple[str, type]]:

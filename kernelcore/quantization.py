@@ -29,7 +29,7 @@ class QuantizationRegistry:
         """Add method ``name``; ``override=True`` replaces an existing one (a platform's faster implementation)."""
         from kernelcore import plugins
 
-        owner = plugins.loading_plugin or "<direct call>"
+        owner = getattr(plugins, "loading_plugin", None) or "<direct call>"
         existing = self._entries.get(name)
         if existing is not None and not override and existing.owner != owner:
             raise ValueError(f"quantization method {name!r} is registered by {existing.owner} and again by {owner}; "

@@ -11,4 +11,4 @@ python -m pip install -q torch==2.13.0            # the local CPU wheel, before 
 python -m pip install -q setuptools wheel         # the dummy plugin packages below build without isolation
 python -m pip install -q -e '.[test,cuda,ray]'    # cuda: triton (the kernel tests run in its interpreter); ray: its executor
 python -m pip install -q --no-deps --no-build-isolation ./tests/plugins/kc_dummy_*
-python -m pytest -q -p no:cacheprovider "$@"
+KC_REQUIRE_DUMMIES=1 python -m pytest -q -p no:cacheprovider "$@"   # a missing dummy package fails the run

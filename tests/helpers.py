@@ -9,7 +9,8 @@ import textwrap
 
 DUMMY_ENV_VARS = ("KC_DUMMY_DEVICE", "KC_DUMMY_SECOND_DEVICE", "KC_DUMMY_BROKEN_DETECTOR", "KC_DUMMY_LEAVE_AUTO",
                   "KC_DUMMY_OPS", "KC_DUMMY_MODEL_RAISE", "KC_DUMMY_OVERRIDE_OPT", "KC_PLUGINS", "KC_BLOCK_PLUGINS",
-                  "KC_PLATFORM", "KC_TRACE_PLUGINS")
+                  "KC_PLATFORM", "KC_TRACE_PLUGINS", "KC_DUMMY_BLOCK_SIZE", "KC_DUMMY_DTYPE",
+                  "KC_DUMMY_DRIVER", "KC_DUMMY_TYPO_HOOK", "KC_ENDPOINT_PLUGINS")
 
 
 def clean_env(**overrides: str) -> dict[str, str]:

@@ -28,3 +28,13 @@ def test_every_hookspec_docstring_says_where_it_is_called():
         assert "Called in:" in doc, f"{name}: docstring must say in which process it is called"
         if fn.kernelcore_spec.get("firstresult"):
             assert "first non-None result" in doc, f"{name}: firstresult hooks must say so"
+
+
+def test_hooks_md_is_exactly_the_generated_page():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_hooks_doc", os.path.join(DOCS, "..", "scripts", "gen_hooks_doc.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert open(os.path.join(DOCS, "hooks.md")).read() == gen.render(), \
+        "docs/hooks.md is stale: python scripts/gen_hooks_doc.py > docs/hooks.md"

@@ -48,9 +48,11 @@ def test_bfloat16_weights_and_logits(tmp_path):
 
 
 def test_bfloat16_decode_logits_reuse_one_float32_buffer(tmp_path):
+    from builtin_plugins.cpu.model_runner import CpuModelRunner
     from kernelcore.executor.model_runner import SeqBatchEntry
 
-    runner = make_runner(make_llama_checkpoint(str(tmp_path / "m")), ["all"], dtype="bfloat16")
+    runner = make_runner(make_llama_checkpoint(str(tmp_path / "m")), ["all"], dtype="bfloat16",
+                         runner_cls=CpuModelRunner)
     first = prefill_logits(runner, list(range(5, 30)))
     decode = [SeqBatchEntry([7], 25, [0, 1])]  # one decode row after the prompt
     buffered = runner.execute(decode)
@@ -128,3 +130,18 @@ def test_registered_lazily_in_string_form():
         assert model_registry.is_lazy(arch)
         info = model_registry.inspect(arch)
         assert info.supports_tensor_parallel and info.supports_lora and info.is_text_generation
+
+
+def test_cpu_runner_reuses_one_float32_buffer_for_low_precision_logits(tmp_path):
+    from builtin_plugins.cpu.model_runner import CpuModelRunner
+    from kernelcore.config_builder import build_config
+    from kernelcore.executor.model_runner import ModelRunner
+
+    config = build_config(model=make_llama_checkpoint(str(tmp_path / "m")), max_num_seqs=4)
+    runner, plain = CpuModelRunner(config), ModelRunner(config)
+    logits = torch.randn(3, runner.vocab_size + 8).to(torch.bfloat16)  # a padded vocabulary
+    first = runner.logits_to_float32(logits)
+    again = runner.logits_to_float32(logits[:2])
+    assert first.dtype == torch.float32 and first.shape == (3, runner.vocab_size) and again.data_ptr() == first.data_ptr()
+    torch.testing.assert_close(again, plain.logits_to_float32(logits[:2]), atol=0, rtol=0)
+    assert runner.logits_to_float32(torch.randn(5, runner.vocab_size).bfloat16()).data_ptr() != first.data_ptr()

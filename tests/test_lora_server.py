@@ -14,6 +14,8 @@ from conftest_models import make_llama_checkpoint
 from lora_helpers import make_peft_adapter
 from test_server_e2e import start_server, stop_server
 
+pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
+
 PROMPT = [5, 9, 14, 3, 7, 11, 2, 8, 40, 41]
 GREEDY = {"prompt": PROMPT, "temperature": 0, "logprobs": 1, "return_tokens_as_token_ids": True}  # no tokenizer
 

@@ -44,12 +44,13 @@ class BlockAllocator:
         return table
 
 
-def make_runner(path: str, custom_ops: list[str], num_blocks: int = 64, dtype: str = "float32", **config_kwargs):
+def make_runner(path: str, custom_ops: list[str], num_blocks: int = 64, dtype: str = "float32", runner_cls=None,
+                **config_kwargs):
     from kernelcore.config_builder import build_config
     from kernelcore.executor.model_runner import ModelRunner
 
     config = build_config(model=path, dtype=dtype, block_size=BLOCK_SIZE, custom_ops=list(custom_ops), **config_kwargs)
-    runner = ModelRunner(config)
+    runner = (runner_cls or ModelRunner)(config)
     runner.load_model()
     runner.allocate_kv_cache(num_blocks)
     return runner

@@ -4,7 +4,6 @@ import logging
 
 import pytest
 
-from kernelcore import plugins
 from kernelcore.kernels import KernelTable
 from kernelcore.models.registry import ModelRegistry
 
@@ -41,13 +40,11 @@ def test_bad_registrations(arch, target, exc):
         ModelRegistry().register_model(arch, target)
 
 
-def test_duplicate_architecture_from_another_plugin_warns_naming_both(caplog, monkeypatch):
+def test_duplicate_architecture_from_another_plugin_warns_naming_both(caplog):
     registry = ModelRegistry()
-    monkeypatch.setattr(plugins, "loading_plugin", "first_plugin")
-    registry.register_model("Arch", FakeModel)
-    monkeypatch.setattr(plugins, "loading_plugin", "second_plugin")
+    registry.owned_by("first_plugin").register_model("Arch", FakeModel)
     with caplog.at_level(logging.WARNING, logger="kernelcore.models"):
-        registry.register_model("Arch", "x.y:Z")
+        registry.owned_by("second_plugin").register_model("Arch", "x.y:Z")
     assert "first_plugin" in caplog.text and "second_plugin" in caplog.text
     assert registry.owners()["Arch"] == "second_plugin"  # last wins
 
@@ -59,16 +56,16 @@ def test_unknown_architecture_lists_registered_ones_with_owners():
         registry.resolve(["Missing"])
 
 
-def test_kernel_table_register_override_and_conflicts(monkeypatch):
+def test_kernel_table_register_override_and_conflicts():
     table = KernelTable()
-    monkeypatch.setattr(plugins, "loading_plugin", "kernels_a")
-    table.register("rms_norm", lambda x: "triton")
-    table.register("rms_norm", lambda x: "triton again")  # same plugin again (spawn/reload): fine
-    monkeypatch.setattr(plugins, "loading_plugin", "kernels_b")
+    table.owned_by("kernels_a").register("rms_norm", lambda x: "triton")
+    table.owned_by("kernels_a").register("rms_norm", lambda x: "triton again")  # same plugin again: fine
     with pytest.raises(ValueError, match="kernels_a.*kernels_b"):
-        table.register("rms_norm", lambda x: "other")
-    table.override("rms_norm", lambda x: "torch", owner="cpu")
+        table.owned_by("kernels_b").register("rms_norm", lambda x: "other")
+    assert not table.is_overridden("rms_norm")
+    table.owned_by("platform").override("rms_norm", lambda x: "torch", owner="cpu")  # an explicit owner wins
     assert table.get("rms_norm")(0) == "torch" and table.winners()["rms_norm"].startswith("cpu:")
+    assert table.is_overridden("rms_norm")
     with pytest.raises(KeyError):
         table.override("unknown", lambda: None)
     with pytest.raises(KeyError, match="no kernel named"):

@@ -20,6 +20,8 @@ import requests
 
 from helpers import clean_env
 
+pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
+
 API_KEY = "sk-test-key"
 MAX_MODEL_LEN = 256
 MAX_BODY = 64 * 1024

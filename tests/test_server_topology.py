@@ -14,6 +14,8 @@ import requests
 
 from test_server_e2e import start_server
 
+pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
+
 
 def _listening(procs: list[psutil.Process]) -> list[tuple[str, str, int]]:
     found = []

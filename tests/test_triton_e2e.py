@@ -13,6 +13,8 @@ import torch
 from conftest_models import make_checkpoint, make_llama_checkpoint, make_opt_checkpoint
 from helpers import run_python
 
+pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
+
 pytest.importorskip("triton", reason="pip install 'kernelcore[cuda]'")
 
 STEPS = """
@@ -21,6 +23,7 @@ import torch
 from kernelcore.config_builder import build_config
 from kernelcore.executor.model_runner import SeqBatchEntry as E
 from kernelcore.executor.uniproc import create_worker
+
 
 report = {}
 for name, path, block_size, out in json.loads(sys.argv[1]):

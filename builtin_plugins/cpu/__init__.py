@@ -1,6 +1,9 @@
 """The built-in CPU platform plugin (entry point ``cpu`` in kernelcore.platform_plugins)."""
 
-from kernelcore import hookimpl
+from kernelcore import envs, hookimpl
+
+# 0 = the CPU platform's decode attention uses torch ops instead of the kernel built with g++.
+envs.declare("KC_CPU_NATIVE_KERNELS", lambda v: v is None or envs.boolean(v), owner="cpu")
 
 
 @hookimpl

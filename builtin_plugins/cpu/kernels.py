@@ -9,5 +9,3 @@ def override_with_torch(kernels) -> None:
     for name, fn in core_kernels.TORCH_REFERENCE_KERNELS.items():
         if kernels.has(name):
             kernels.override(name, fn, owner="cpu")
-    if kernels is core_kernels.kernel_table:
-        core_kernels.trace_winners()  # the plugin trace shows which implementation won in this worker

@@ -10,7 +10,7 @@ from kernelcore.platforms import Platform
 class CpuPlatform(Platform):
     device_name = "cpu"
     device_type = "cpu"
-    dist_backend = "gloo"
+    priority = -100  # the fallback: any other active built-in platform wins
 
     @hookimpl
     def check_and_update_config(self, config):
@@ -19,7 +19,9 @@ class CpuPlatform(Platform):
         if not any(mode in config.custom_ops for mode in ("all", "none")):
             config.custom_ops.append("all")
         if config.model.dtype == "auto":
-            config.model.dtype = "bfloat16" if _has_fast_bf16() else "float32"
+            # Unset: float32. An explicit --dtype auto: bfloat16 where the CPU computes it natively.
+            is_fast = config.is_user_set("model.dtype") and _has_fast_bf16()
+            config.model.dtype = "bfloat16" if is_fast else "float32"
 
     @hookimpl
     def get_attn_backend_cls(self, selector):

@@ -11,6 +11,13 @@ from kernelcore.executor.worker import WorkerBase
 
 
 class CpuWorker(WorkerBase):
+    def load_model(self) -> None:
+        from builtin_plugins.cpu.model_runner import CpuModelRunner
+
+        runner = CpuModelRunner(self.config)
+        runner.load_model()
+        self.model_runner = runner
+
     def init_device(self) -> None:
         super().init_device()
         num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -16,7 +16,6 @@ from kernelcore.config import CacheConfig
 from kernelcore.distributed import init_distributed
 from kernelcore.executor.model_runner import ModelRunner
 from kernelcore.executor.worker import WorkerBase
-from kernelcore.kernels import trace_winners
 
 logger = logging.getLogger("kernelcore.cuda")
 
@@ -67,7 +66,6 @@ class CudaWorker(WorkerBase):
     def load_model(self) -> None:
         self.model_runner = CudaModelRunner(self.config, self.device)
         self.model_runner.load_model()
-        trace_winners()
 
     def determine_num_blocks(self) -> int:
         cache = self.config.cache

@@ -6,6 +6,8 @@ on the ``KC_LORA_HF_REPOS`` allow-list. Each is inactive while its variable is u
 
 from kernelcore import envs, hookimpl
 
+envs.declare("KC_LORA_HF_REPOS", envs.csv, owner="lora")  # Hugging Face repos the hf_hub resolver may serve
+
 
 @hookimpl(trylast=True)
 def register_lora_resolvers(registry) -> None:

@@ -287,7 +287,6 @@ class AsyncLLM:
                     logger.exception("stat logger %s failed", type(stat_logger).__name__)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
-        self._is_shutting_down = True
         for task in self._tasks:
             task.cancel()
         for channel in self._channels if not self.is_dead else []:

@@ -21,8 +21,8 @@ logger = logging.getLogger("kernelcore.llm")
 
 class LLM:
     def __init__(self, model: str | None = None, tensor_parallel_size: int = 1, max_model_len: int | None = None,
-                 block_size: int | None = None, kv_cache_memory: int | None = None, dtype: str = "float32",
-                 hf_overrides: dict[str, Any] | None = None, seed: int = 0, multiprocess: bool = False,
+                 block_size: int | None = None, kv_cache_memory: int | None = None, dtype: str | None = None,
+                 hf_overrides: dict[str, Any] | None = None, seed: int | None = None, multiprocess: bool = False,
                  **kwargs: Any) -> None:
         from kernelcore.config_builder import build_config, load_hf_config
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from kernelcore import __version__
@@ -9,7 +11,7 @@ from kernelcore.entrypoints.plugins_cmd import plugins_cmd
 
 
 class KcGroup(click.Group):
-    """Lets the platform extend engine commands before they parse (the seed's stop 5).
+    """Lets the platform extend engine commands before they parse; a plugin's failure is one line.
 
     Commands that take engine arguments carry ``kc_engine_args = True``; for each
     one the ``pre_register_and_update(parser=command)`` hook runs once, after the
@@ -23,8 +25,17 @@ class KcGroup(click.Group):
 
             plugins.load_general_plugins()
             plugins.get_plugin_manager().hook.pre_register_and_update(parser=command)
-            command._kc_extended = True
+            setattr(command, "_kc_extended", True)
         return command
+
+    def invoke(self, ctx: click.Context):
+        from kernelcore.plugins import PluginError
+
+        try:
+            return super().invoke(ctx)
+        except PluginError as exc:
+            logging.getLogger("kernelcore.cli").debug("plugin error", exc_info=True)
+            raise click.ClickException(str(exc)) from None
 
 
 @click.group(cls=KcGroup)

@@ -46,7 +46,32 @@ def collect() -> dict[str, Any]:
             report["reasoning_parsers"] = reasoning_parser_registry().names()
         except Exception as exc:
             report["errors"].append(f"parsers and grammar backends: {exc}")
+    report.update(ops={}, kernels={})
+    if platforms.is_resolved() and report["platform"] is not None:
+        _add_components(report)
     return report
+
+
+def _add_components(report: dict[str, Any]) -> None:
+    """The platform class's hooks, the ops plugins replaced, and the kernel table as a worker would see it."""
+    from kernelcore import plugins
+    from kernelcore.custom_op import op_registry_oot
+    from kernelcore.kernels import kernel_table
+    from kernelcore.platforms import Platform, current_platform
+
+    cls = type(current_platform)
+    report["platform"]["hooks"] = sorted(
+        name for name in dir(cls) if hasattr(getattr(cls, name), "kernelcore_impl")
+        and getattr(cls, name) is not getattr(Platform, name, None))
+    owners = plugins.op_owners()
+    for key, replacement in sorted(op_registry_oot.items()):
+        owner = owners.get(key, "?")
+        report["ops"][key] = {"class": f"{replacement.__module__}.{replacement.__qualname__}", "plugin": owner}
+    try:
+        plugins.apply_kernel_overrides()
+    except Exception as exc:
+        report["errors"].append(f"register_triton_kernel_overrides: {exc}")
+    report["kernels"] = kernel_table.winners()
 
 
 @click.group("plugins", invoke_without_command=True)
@@ -79,6 +104,16 @@ def plugins_cmd(ctx: click.Context, as_json: bool) -> None:
     if report["platform"]:
         p = report["platform"]
         click.echo(f"  => {p['name']} ({p['class']}): {p['why']}")
+        if p.get("hooks"):
+            click.echo(f"     hooks: {', '.join(p['hooks'])}")
+    if report["ops"]:
+        click.echo("[replaced ops]")
+        for key, op in report["ops"].items():
+            click.echo(f"  {key:<32} {op['class']} (plugin {op['plugin']})")
+    if report["kernels"]:
+        click.echo("[kernel table: the implementation a worker runs]")
+        for name, winner in report["kernels"].items():
+            click.echo(f"  {name:<32} {winner}")
     if report["models"]:
         click.echo("[models]")
         for arch, owner in report["models"].items():
@@ -92,6 +127,24 @@ def plugins_cmd(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"[reasoning parsers] {', '.join(report['reasoning_parsers'])}")
     for error in report["errors"]:
         click.echo(f"error: {error}", err=True)
+
+
+@plugins_cmd.command("check")
+@click.argument("name")
+@click.option("--model", default=None, help="Checkpoint for the greedy-token check [default: the embedded model].")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def check_cmd(name: str, model: str | None, as_json: bool) -> None:
+    """Run the conformance kit against the installed platform plugin NAME (its device must be present)."""
+    from kernelcore.conformance import run_checks
+
+    results = run_checks(name, model)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
+    else:
+        for r in results:
+            click.echo(f"{'PASS' if r.ok else 'FAIL'}  {r.name}: {r.detail}")
+    if not all(r.ok for r in results):
+        raise SystemExit(1)
 
 
 @plugins_cmd.command("tour")

@@ -45,7 +45,7 @@ def _lora_modules(ctx: click.Context, param: click.Parameter, values: tuple[str,
     modules = {}
     for value in (v for group in values for v in group.split()):
         if value.startswith("{"):
-            parsed = _json_object(ctx, param, value)
+            parsed = _json_object(ctx, param, value) or {}
             name, path = parsed.get("name"), parsed.get("path")
         else:
             name, _, path = value.partition("=")
@@ -90,7 +90,8 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Token budget per engine step.")
 @_opt("--kv-cache-memory", env="KC_KV_CACHE_MEMORY", default=None, help="KV-cache size per rank, e.g. 2GiB.")
 @_opt("--dtype", env="KC_DTYPE", default=None, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-      help="Weight and activation dtype [default: float32].")
+      help="Weight and activation dtype [default: the platform's; float32 on CPU, where 'auto' picks bfloat16 "
+           "if the CPU has native bf16].")
 @_opt("--quantization", "-q", env="KC_QUANTIZATION", default=None, show_default=False,
       help="Quantize the weights at load: a method a plugin registered (built in: int8, weight-only per-channel).")
 @_opt("--num-threads", env="KC_NUM_THREADS", type=int, default=None, show_default=False,
@@ -117,7 +118,9 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--enforce-eager", env="KC_ENFORCE_EAGER", is_flag=True, default=False,
       help="Run every step eagerly: capture no decode graphs (CUDA graphs on the CUDA platform).")
 @_opt("--enable-endpoint-plugins", env="KC_ENABLE_ENDPOINT_PLUGINS", is_flag=True, default=False,
-      help="Let every installed plugin add HTTP routes (otherwise only plugins named in KC_PLUGINS).")
+      help="Let every installed plugin add HTTP routes.")
+@_opt("--endpoint-plugins", env="KC_ENDPOINT_PLUGINS", default=None, show_default=False,
+      help="Comma-separated plugin names allowed to add HTTP routes (independent of KC_PLUGINS).")
 @_opt("--enable-lora", env="KC_ENABLE_LORA", is_flag=True, default=False, help="Serve LoRA adapters.")
 @_opt("--max-loras", env="KC_MAX_LORAS", type=int, default=None, help="Most adapters in one engine step [default: 4].")
 @_opt("--max-lora-rank", env="KC_MAX_LORA_RANK", type=int, default=None, help="Largest adapter rank [default: 16].")
@@ -169,7 +172,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
               response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None, enforce_eager: bool,
-              enable_endpoint_plugins: bool, enable_lora: bool, max_loras: int | None, max_lora_rank: int | None,
+              enable_endpoint_plugins: bool, endpoint_plugins: str | None, enable_lora: bool, max_loras: int | None,
+              max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, request_read_timeout: float,
@@ -230,14 +234,15 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
     except TokenizerError as exc:
         raise click.ClickException(str(exc)) from None
     options = ServerOptions(
-        served_model_names=[config.model.served_model_name], api_key=api_key,
+        served_model_names=[config.model.served_model_name or config.model.model or ""], api_key=api_key,
         limits=Limits(max_n=max_n, max_logprobs=max_logprobs, max_stop_strings=max_stop_strings,
                       max_stop_string_length=max_stop_string_length, max_prompts=max_prompts,
                       max_choices=max_choices),
-        max_body_bytes=parse_size(max_request_body_bytes), chat_template=template,
+        max_body_bytes=parse_size(max_request_body_bytes) or 0, chat_template=template,
         trust_request_chat_template=trust_request_chat_template,
         allow_special_tokens_in_content=allow_special_tokens_in_content, response_role=response_role,
-        enable_endpoint_plugins=enable_endpoint_plugins, lora_modules=lora_modules,
+        enable_endpoint_plugins=enable_endpoint_plugins,
+        endpoint_plugins=[n.strip() for n in (endpoint_plugins or "").split(",") if n.strip()], lora_modules=lora_modules,
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
         enable_auto_tool_choice=enable_auto_tool_choice, tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
@@ -252,7 +257,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
     sys.exit(0)
 
 
-serve_cmd.kc_engine_args = True
+setattr(serve_cmd, "kc_engine_args", True)  # KcGroup lets the platform extend it (pre_register_and_update)
 
 
 def _check_topology(nnodes: int, node_rank: int, master_addr: str | None, cluster_secret: str | None,

@@ -39,8 +39,6 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self._arange = torch.arange(max(config.scheduler.max_num_batched_tokens, config.model.max_model_len or 0) + 1)
-        self._logits_buffer = torch.empty(0)
-        self.max_buffered_logits = config.scheduler.max_num_seqs  # rows: one per sequence in a decode step
         self.graph_runner: DecodeGraphRunner | None = None  # decode graphs, when the platform captures them
 
     def load_model(self, is_dummy: bool = False) -> None:
@@ -141,13 +139,9 @@ class ModelRunner:
                 if logits_idx.numel() == 0:
                     return torch.empty(0, self.vocab_size, dtype=torch.float32)
                 logits = self.model.compute_logits(hidden[logits_idx])
-        num_rows = logits.shape[0]
-        if logits.dtype == torch.float32 or logits.device.type != "cpu" or num_rows > self.max_buffered_logits:
-            return logits[:, : self.vocab_size].float()
-        # Low-precision decode logits go into a float32 buffer kept across steps: a fresh one is a new mmap
-        # (tens of MB at large batches) page-faulted in on every step. Valid until the next execute().
-        if self._logits_buffer.shape[0] < num_rows:
-            self._logits_buffer = torch.empty(num_rows, self.vocab_size, dtype=torch.float32)
-        out = self._logits_buffer[:num_rows]
-        out.copy_(logits[:, : self.vocab_size])
-        return out
+        return self.logits_to_float32(logits)
+
+    def logits_to_float32(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logits (any dtype, maybe a padded vocabulary) as float32 [rows, vocab]; a platform's
+        runner may override it (the CPU one reuses a buffer)."""
+        return logits[:, : self.vocab_size].float()

@@ -11,19 +11,17 @@ logger = logging.getLogger("kernelcore.executor")
 
 
 def create_worker(config: KernelConfig, rank: int = 0, distributed_init_method: str | None = None):
-    """The start-up sequence of every worker: kernel overrides, worker class, device, model, block size, env freeze."""
+    """The start-up sequence of every worker: kernel overrides, worker class, device, model, trace, env freeze."""
     from kernelcore import envs, plugins
-    from kernelcore.kernels import kernel_table
     from kernelcore.platforms import resolve_obj_by_qualname
 
     plugins.load_general_plugins()
-    pm = plugins.get_plugin_manager()
-    pm.hook.register_triton_kernel_overrides(kernels=kernel_table)
+    plugins.apply_kernel_overrides()
     worker_cls = resolve_obj_by_qualname(config.parallel.worker_cls)
     worker = worker_cls(config, rank=rank, distributed_init_method=distributed_init_method)
     worker.init_device()
     worker.load_model()
-    pm.hook.update_block_size_for_backend(config=config)
+    plugins.trace_kernel_table()
     envs.freeze()
     return worker
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ class WorkerBase:
         self.is_driver = rank == config.parallel.driver_rank  # the last pipeline stage samples
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
-        self.model_runner = None
+        self.model_runner: Any = None  # a ModelRunner once load_model ran
         self._metadata_key = None
         self._metadata = None
         self._grammar = None  # (rows, bitmask) of this step's constrained rows

@@ -11,6 +11,8 @@ from kernelcore.kernels import kernel_table
 
 @CustomOp.register("silu_and_mul")
 class SiluAndMul(CustomOp):
+    kernel_names = ("silu_and_mul",)
+
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

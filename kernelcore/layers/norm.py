@@ -12,7 +12,13 @@ from kernelcore.kernels import kernel_table
 
 @CustomOp.register("rms_norm")
 class RMSNorm(CustomOp):
-    """``norm(x)``, or ``norm(x + residual), x + residual`` when a residual is given."""
+    """``norm(x)``, or ``norm(x + residual), x + residual`` when a residual is given.
+
+    With a residual the result's second element is the updated residual stream; paths may update
+    ``residual`` in place, so a model must not reuse the tensor it passed.
+    """
+
+    kernel_names = ("rms_norm", "fused_add_rms_norm")
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()

@@ -66,6 +66,8 @@ def _build_cache(base: float, rotary_dim: int, max_position: int, scaling: dict[
 class RotaryEmbedding(CustomOp):
     """``forward(positions, q, k)`` rotates q [T, H*D] and k [T, Hkv*D]; returns (q, k)."""
 
+    kernel_names = ("rotary_embedding",)
+
     def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
                  rope_scaling: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()

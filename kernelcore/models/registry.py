@@ -36,7 +36,7 @@ class _Entry:
 
     @cached_property
     def model_cls(self) -> type:
-        if not self.is_lazy:
+        if isinstance(self.target, type):
             return self.target
         module_name, _, class_name = self.target.partition(":")
         return getattr(importlib.import_module(module_name), class_name)
@@ -47,13 +47,19 @@ class _Entry:
 
 
 class ModelRegistry:
+    OWNED_METHODS = ("register_model",)
+
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self.overridden: list[tuple[str, str, str]] = []  # (arch, previous owner, new owner)
 
-    def register_model(self, architecture: str, model_cls: type | str) -> None:
-        from kernelcore import plugins
+    def owned_by(self, owner: str) -> "ModelRegistry":
+        from kernelcore.kernels import OwnedView
 
+        return OwnedView(self, owner)  # type: ignore[return-value]
+
+    def register_model(self, architecture: str, model_cls: type | str, owner: str = "<direct call>") -> None:
+        """Map an HF architecture name to a model class, or to ``"module:Class"`` (imported on first use)."""
         if not isinstance(architecture, str) or not architecture:
             raise TypeError(f"architecture must be a non-empty string, got {architecture!r}")
         if isinstance(model_cls, str):
@@ -62,7 +68,6 @@ class ModelRegistry:
                 raise ValueError(f"Expected a string in the format '<module>:<class>', got {model_cls!r}")
         elif not isinstance(model_cls, type):
             raise TypeError(f"model_cls must be a class or 'module:Class', got {model_cls!r}")
-        owner = plugins.loading_plugin or "<direct call>"
         previous = self._entries.get(architecture)
         if previous is not None and previous.owner != owner:
             logger.warning("Model architecture %s from plugin %s is overridden by plugin %s (last registration wins)",

@@ -88,7 +88,7 @@ class StructuredOutputBackendRegistry:
             raise ValueError(f"structured-output backend {name!r} is registered twice")
         from kernelcore import plugins
 
-        self._entries[name] = _Entry(order, name, factory, plugins.loading_plugin)
+        self._entries[name] = _Entry(order, name, factory, getattr(plugins, "loading_plugin", None))
 
     def names(self) -> list[str]:
         return [e.name for e in sorted(self._entries.values())]

@@ -9,8 +9,8 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from kernelcore.entrypoints.server.app import ServerState, base_request_id, get_state, read_json
 from kernelcore.entrypoints.server.chat_output import prepare_chat_output
+from kernelcore.entrypoints.server.state import ServerState, base_request_id, get_state, read_json
 from kernelcore.entrypoints.server.completions import engine_prompt, usage
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.logprobs import chat_logprobs

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 
 from kernelcore.engine.outputs import RequestOutput
-from kernelcore.entrypoints.server.app import base_request_id, get_state, read_json
+from kernelcore.entrypoints.server.state import base_request_id, get_state, read_json
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.logprobs import completion_logprobs, merge_completion_logprobs
 from kernelcore.entrypoints.server.preprocess import check_text_fits, run_preprocess

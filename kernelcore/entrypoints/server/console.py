@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from kernelcore import __version__
-from kernelcore.entrypoints.server.app import get_state
+from kernelcore.entrypoints.server.state import get_state
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 STATIC_PREFIX = "/console/static/"

@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from kernelcore import envs
-from kernelcore.entrypoints.server.app import ServerState, get_state, read_json
+from kernelcore.entrypoints.server.state import ServerState, get_state, read_json
 from kernelcore.entrypoints.server.errors import APIError
 from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError
 from kernelcore.lora.serving import LoRAExistsError, LoRARequest, LoRAServing, LoRAUnknownError

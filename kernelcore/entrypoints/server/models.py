@@ -8,7 +8,7 @@ import uuid
 from aiohttp import web
 
 from kernelcore import __version__
-from kernelcore.entrypoints.server.app import get_state
+from kernelcore.entrypoints.server.state import get_state
 
 CREATED = int(time.time())
 

@@ -377,7 +377,7 @@ def check_length(num_input_tokens: int, max_tokens: int | None, max_model_len: i
 
 def make_sampling_params(request: GenerateRequest, num_input_tokens: int, max_model_len: int,
                          default_max_tokens: int | None) -> SamplingParams:
-    """Apply the length checks (contract section 4) and build the engine's SamplingParams."""
+    """Apply the request-size limits (``Limits``) and build the engine's SamplingParams."""
     requested = request.max_tokens
     check_length(num_input_tokens, requested, max_model_len)
     room = max_model_len - num_input_tokens

@@ -8,7 +8,7 @@ import msgspec
 
 from aiohttp import web
 
-from kernelcore.entrypoints.server.app import get_state, read_json
+from kernelcore.entrypoints.server.state import get_state, read_json
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.preprocess import encode_chat, run_preprocess
 from kernelcore.entrypoints.server.protocol import _get, check_token_ids

@@ -1,4 +1,4 @@
-from kernelcore.layers.norm import RMSNorm
+from kernelcore.layers import RMSNorm
 
 
 @RMSNorm.register_oot

@@ -1,4 +1,4 @@
-from kernelcore.layers.rotary import RotaryEmbedding
+from kernelcore.layers import RotaryEmbedding
 
 
 @RotaryEmbedding.register_oot

@@ -1,8 +1,6 @@
 """The in-tree ops' forward_oot runs their forward_cuda: the kernel table's (Triton) kernels, on host tensors."""
 
-from kernelcore.layers.activation import SiluAndMul
-from kernelcore.layers.norm import RMSNorm
-from kernelcore.layers.rotary import RotaryEmbedding
+from kernelcore.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 
 
 @RMSNorm.register_oot

@@ -1,5 +1,4 @@
 from builtin_plugins.cpu.worker import CpuWorker
-from kernelcore.kernels import trace_winners
 
 
 class TritonInterpWorker(CpuWorker):
@@ -7,4 +6,3 @@ class TritonInterpWorker(CpuWorker):
         import kc_dummy_triton_interp.ops  # noqa: F401  (register_oot, before any op is built)
 
         super().load_model()
-        trace_winners()  # no platform override: the Triton kernels win
