@@ -199,7 +199,7 @@ def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llam
             ratio = med([a / b for a, b in zip(kc, ll)])
             rows.append(dict(precision=precision, workload=w, kc=med(kc), llama=med(ll), ratio=ratio, kc_runs=kc,
                              llama_runs=ll))
-    click.echo(f"\n| workload | precision | kc serve tok/s | llama-server tok/s | ratio |\n|---|---|---|---|---|")
+    click.echo("\n| workload | precision | kc serve tok/s | llama-server tok/s | ratio |\n|---|---|---|---|---|")
     for r in rows:
         click.echo(f"| {r['workload']} | {r['precision']} | {r['kc']:.0f} | {r['llama']:.0f} | {r['ratio']:.2f}x |")
     click.echo(f"(medians of {num_runs}; load average at the end {os.getloadavg()[0]:.1f})")

@@ -29,6 +29,7 @@ class Platform:
     device_name: str = "unspecified"
     device_type: str = "cpu"  # a torch device type
     priority: int = 0  # among several active built-in platforms, the highest wins
+    dist_backend: str = "gloo"  # the torch.distributed backend executors join process groups with
     plugin_name: str = "?"  # the entry point that detected it (set by the core)
     is_builtin: bool = False  # set by the core from the entry point's distribution
     decision: dict | None = None  # why it won, and every detector's answer (set by the core)

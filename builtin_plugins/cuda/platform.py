@@ -36,6 +36,7 @@ def _compute_capability() -> tuple[int, int] | None:
 class CudaPlatform(Platform):
     device_name = "cuda"
     device_type = "cuda"
+    dist_backend = "nccl"
 
     @hookimpl
     def check_and_update_config(self, config):

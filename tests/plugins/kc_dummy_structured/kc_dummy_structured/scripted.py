@@ -7,14 +7,14 @@ windows of different scripts must not overlap, so one model serves several scrip
 import torch
 
 from builtin_plugins.models.llama import LlamaForCausalLM
-from kernelcore.config_builder import load_hf_config
+from kernelcore.models import get_hf_config
 from kernelcore.config import get_current_config
 
 
 class KcScriptedLlama(LlamaForCausalLM):
     def __init__(self, config, prefix: str = "") -> None:
         super().__init__(config, prefix)
-        hf_config = load_hf_config(get_current_config().model)
+        hf_config = get_hf_config(get_current_config())
         self.vocab_size = hf_config.vocab_size
         self.eos = hf_config.eos_token_id
         table = torch.full((hf_config.max_position_embeddings + 1,), self.eos, dtype=torch.long)
