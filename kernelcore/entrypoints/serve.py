@@ -285,6 +285,18 @@ def _check_topology(nnodes: int, node_rank: int, master_addr: str | None, cluste
                                  param_hint="--headless")
 
 
+async def _wait_in_flight(state: Any, timeout: float) -> None:
+    """Until no request is in flight, or ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while state.num_in_flight and loop.time() < deadline:
+        state.in_flight_changed.clear()
+        try:
+            await asyncio.wait_for(state.in_flight_changed.wait(), deadline - loop.time())
+        except asyncio.TimeoutError:
+            break
+
+
 async def run_server(config: Any, options: Any, host: str, port: int, shutdown_timeout: float) -> None:
     from aiohttp import web
 
@@ -321,25 +333,13 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
                     state.num_in_flight)
         state.is_shutting_down = True
         await site.stop()
-        deadline = loop.time() + shutdown_timeout
-        while state.num_in_flight and loop.time() < deadline:
-            state.in_flight_changed.clear()
-            try:
-                await asyncio.wait_for(state.in_flight_changed.wait(), deadline - loop.time())
-            except asyncio.TimeoutError:
-                break
+        await _wait_in_flight(state, shutdown_timeout)
         if state.num_in_flight:
             from kernelcore.entrypoints.server.streaming import SHUTTING_DOWN, ServerShuttingDown
 
             logger.info("Aborting %d request(s) still in flight", state.num_in_flight)
             engine.fail_all(ServerShuttingDown(SHUTTING_DOWN))  # streams get an error event and [DONE]
-            deadline = loop.time() + 2.0  # their handlers only have to write the error out
-            while state.num_in_flight and loop.time() < deadline:
-                state.in_flight_changed.clear()
-                try:
-                    await asyncio.wait_for(state.in_flight_changed.wait(), deadline - loop.time())
-                except asyncio.TimeoutError:
-                    break
+            await _wait_in_flight(state, 2.0)  # their handlers only have to write the error out
     finally:
         if runner is not None:
             await runner.cleanup()  # cancels the remaining handlers; each aborts its engine request
