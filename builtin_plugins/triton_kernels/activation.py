@@ -18,7 +18,8 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, d, TILE: tl.const
     tl.store(out_ptr + row * stride_out + i, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def _launch_gated(kernel, x: torch.Tensor) -> torch.Tensor:
+    """``act(x[..., :d]) * x[..., d:]`` through one of the gated kernels above: a program per row and tile."""
     d = x.shape[-1] // 2
     x2 = x.reshape(-1, 2 * d)
     if x2.stride(-1) != 1:
@@ -26,9 +27,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x2.shape[0], d, dtype=x.dtype, device=x.device)
     if out.numel():
         tile = min(triton.next_power_of_2(d), 1024)
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, tile))](x2, out, x2.stride(0), out.stride(0), d, TILE=tile,
-                                                                 num_warps=4)
+        kernel[(x2.shape[0], triton.cdiv(d, tile))](x2, out, x2.stride(0), out.stride(0), d, TILE=tile, num_warps=4)
     return out.view(*x.shape[:-1], d)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _launch_gated(_silu_and_mul_kernel, x)
 
 
 @triton.jit
@@ -45,13 +49,4 @@ def _gelu_tanh_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, d, TILE: tl.
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
-    d = x.shape[-1] // 2
-    x2 = x.reshape(-1, 2 * d)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    out = torch.empty(x2.shape[0], d, dtype=x.dtype, device=x.device)
-    if out.numel():
-        tile = min(triton.next_power_of_2(d), 1024)
-        _gelu_tanh_and_mul_kernel[(x2.shape[0], triton.cdiv(d, tile))](x2, out, x2.stride(0), out.stride(0), d,
-                                                                      TILE=tile, num_warps=4)
-    return out.view(*x.shape[:-1], d)
+    return _launch_gated(_gelu_tanh_and_mul_kernel, x)
