@@ -9,12 +9,12 @@ received tokens, never over tokens. On CUDA the ``fused_moe`` kernel of the kern
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.custom_op import CustomOp
 from kernelcore.distributed import get_tp_group
 from kernelcore.kernels import kernel_table
+from kernelcore.kernels import torch_fused_moe as grouped_experts  # the math lives with the kernel table
 from kernelcore.layers.linear import copy_checked, divide
 
 
@@ -26,28 +26,6 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(router_logits.dtype), ids
-
-
-def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor) -> torch.Tensor:
-    """sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k]; w13 [E, 2I, H], w2 [E, H, I]."""
-    num_tokens, top_k = topk_ids.shape
-    flat_ids = topk_ids.flatten()
-    order = torch.argsort(flat_ids, stable=True)  # assignments grouped by expert
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
-    token_of = order // top_k
-    rows = x[token_of]
-    out_rows = torch.empty(rows.shape[0], w2.shape[1], dtype=x.dtype, device=x.device)
-    inter = w2.shape[2]
-    start = 0
-    for expert, count in enumerate(counts):
-        if count:
-            h = F.linear(rows[start:start + count], w13[expert])
-            h = F.silu(h[:, :inter]).mul_(h[:, inter:])
-            torch.mm(h, w2[expert].t(), out=out_rows[start:start + count])
-            start += count
-    out_rows.mul_(topk_weights.flatten()[order].unsqueeze(1))
-    return torch.zeros(num_tokens, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, token_of, out_rows)
 
 
 @CustomOp.register("fused_moe")
