@@ -1,4 +1,4 @@
-"""Logits and greedy tokens of the Llama-like architectures (Qwen2/3, Mistral, Phi-3, Gemma 3, MoE) match
+"""Logits and greedy tokens of the Llama-like architectures (Qwen2/3, Mistral, Phi-3, Gemma 3, Qwen3-MoE, Mixtral) match
 transformers on random checkpoints: chunked prefill plus 32 decode steps, and 64 greedy tokens."""
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ VARIANTS = {
                                                       "num_hidden_layers": 3, "intermediate_size": 96}),
     "qwen3moe-top3-unnormalised": ("qwen3_moe", {"norm_topk_prob": False, "num_experts_per_tok": 3,
                                                  "tie_word_embeddings": True}),
+    # Mixtral: top-2 of 4 experts, always renormalised; a window (12) shorter than the prompts
+    "mixtral-top2-window12": ("mixtral", {"sliding_window": 12}),
+    "mixtral-top3-of-6-tied": ("mixtral", {"num_local_experts": 6, "num_experts_per_tok": 3,
+                                           "tie_word_embeddings": True, "intermediate_size": 48}),
 }
 RUNNER_KWARGS = {"phi3-longrope-short": {"max_model_len": 128}}
 GREEDY_PROMPT_LENS = {"phi3-longrope-long-tied": (17, 24, 30)}  # transformers re-rotates on crossing the length
