@@ -105,6 +105,7 @@ def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_b
     from kernelcore import LLM, SamplingParams
 
     llm = LLM(path, dtype=dtype, max_model_len=2048, kv_cache_memory=kv_cache_memory, max_num_seqs=max_num_seqs,
+              skip_tokenizer_init=True,  # token-id workloads: the random checkpoints ship no tokenizer
               max_num_batched_tokens=max_num_batched_tokens, multiprocess=multiprocess, num_threads=threads)
     # Warm-up on a token the workloads never use (they draw ids >= 4), so it leaves no prefix-cache hit behind.
     llm.generate([{"prompt_token_ids": [3] * 16}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
