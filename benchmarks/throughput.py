@@ -3,6 +3,9 @@
     python benchmarks/throughput.py --shape llama --workload uniform --dtype float32
     python benchmarks/throughput.py --shape qwen3-0.6b --shape moe --workload uniform --workload mixed
     python benchmarks/throughput.py --quick          # a smoke run
+
+For a MoE shape each row also reports the share of kernelcore's wall time spent in the MoE layers and, within
+it, in the expert matmuls (the MoE layers minus the routing softmax/top-k); measured in-process only.
     kc bench throughput ...                          # the same command, mounted in the CLI
 
 Workloads (fixed seed, random-weight checkpoints built with transformers into a temp dir):
@@ -13,6 +16,7 @@ Workloads (fixed seed, random-weight checkpoints built with transformers into a 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -101,18 +105,20 @@ def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_b
     from kernelcore import LLM, SamplingParams
 
     llm = LLM(path, dtype=dtype, max_model_len=2048, kv_cache_memory=kv_cache_memory, max_num_seqs=max_num_seqs,
+              skip_tokenizer_init=True,  # token-id workloads: the random checkpoints ship no tokenizer
               max_num_batched_tokens=max_num_batched_tokens, multiprocess=multiprocess, num_threads=threads)
     # Warm-up on a token the workloads never use (they draw ids >= 4), so it leaves no prefix-cache hit behind.
     llm.generate([{"prompt_token_ids": [3] * 16}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
-    expert_seconds = [0.0]
-    if not multiprocess:
-        _time_experts(llm.engine_core.executor.worker.model_runner.model, expert_seconds)
-    with PeakRss() as mem:
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
+    moe_seconds = [0.0, 0.0]  # FusedMoE forwards, and the routing (softmax + top-k) inside them
+    with contextlib.ExitStack() as timing:
+        if not multiprocess:
+            timing.enter_context(_time_experts(llm.engine_core.executor.worker.model_runner.model, moe_seconds))
+        with PeakRss() as mem:
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert num_tokens == sum(n for _, n in workload)
     if multiprocess:  # the core's RSS is in another process; the hit rate is not reported back
@@ -122,28 +128,41 @@ def run_kernelcore(path: str, workload, dtype: str, max_num_seqs: int, max_num_b
         kv = llm.engine_core.scheduler.kv
         hit_rate = kv.num_hits / max(kv.num_queries, 1)
     result = dict(tokens_per_s=num_tokens / elapsed, seconds=elapsed, peak_rss_gib=mem.peak / 2**30,
-                  prefix_hit_rate=hit_rate, expert_share=expert_seconds[0] / elapsed)
+                  prefix_hit_rate=hit_rate, expert_share=moe_seconds[0] / elapsed,
+                  expert_matmul_share=(moe_seconds[0] - moe_seconds[1]) / elapsed)
     del llm
     gc.collect()
     return result
 
 
-def _time_experts(model, total: list[float]) -> None:
-    """Accumulate the wall time of every FusedMoE forward (routing + expert matmuls) into total[0]."""
-    from kernelcore.layers.fused_moe import FusedMoE
+@contextlib.contextmanager
+def _time_experts(model, total: list[float]):
+    """While active: the wall time of every FusedMoE forward into total[0], of its routing into total[1]; the
+    difference is the experts' matmuls (plus the TP all-reduce when there is one). The CPU ops run synchronously,
+    so wall time is compute time."""
+    from kernelcore.layers import fused_moe
 
-    for module in model.modules():
-        if isinstance(module, FusedMoE):
-            inner = module._forward_method
+    def timed(fn, slot: int):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total[slot] += time.perf_counter() - start
+        return wrapper
 
-            def timed(*args, _inner=inner, **kwargs):
-                start = time.perf_counter()
-                try:
-                    return _inner(*args, **kwargs)
-                finally:
-                    total[0] += time.perf_counter() - start
-
-            module._forward_method = timed
+    modules = [m for m in model.modules() if isinstance(m, fused_moe.FusedMoE)]
+    originals = [m._forward_method for m in modules]
+    select = fused_moe.select_experts
+    for module, inner in zip(modules, originals):
+        module._forward_method = timed(inner, 0)
+    fused_moe.select_experts = timed(select, 1)
+    try:
+        yield
+    finally:
+        fused_moe.select_experts = select
+        for module, inner in zip(modules, originals):
+            module._forward_method = inner
 
 
 def run_transformers(path: str, workload, dtype: str, batch_size: int = 32, threads: int | None = None) -> dict:
@@ -263,6 +282,7 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
                        transformers_peak_rss_gib=max(r["peak_rss_gib"] for r in hf_runs) if hf_runs else None,
                        prefix_hit_rate=kc_runs[0]["prefix_hit_rate"],
                        expert_share=statistics.median(r["expert_share"] for r in kc_runs),
+                       expert_matmul_share=statistics.median(r["expert_matmul_share"] for r in kc_runs),
                        roofline_share=kc * flops / (peak * 1e9))
             if mp_runs:
                 row["multiprocess_tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in mp_runs)
@@ -274,7 +294,8 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
                        f"ratio {row['ratio'] or float('nan'):5.2f}x | peak RSS kc {row['kernelcore_peak_rss_gib']:.2f} GiB"
                        f" hf {row['transformers_peak_rss_gib'] or float('nan'):.2f} GiB | "
                        f"prefix hits {row['prefix_hit_rate']:.0%} | roofline {row['roofline_share']:.0%}"
-                       + (f" | experts {row['expert_share']:.0%} of kc time" if row["expert_share"] else "")
+                       + (f" | MoE layers {row['expert_share']:.0%} of kc time, expert matmuls "
+                          f"{row['expert_matmul_share']:.0%}" if row["expert_share"] else "")
                        + (f" | multiprocess {row['multiprocess_tokens_per_s']:.1f} tok/s, overhead "
                           f"{row['multiprocess_overhead']:+.1%}" if mp_runs else ""))
     if json_out:

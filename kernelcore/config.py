@@ -20,6 +20,7 @@ class ModelConfig:
     hf_overrides: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     tokenizer: str | None = None
+    skip_tokenizer_init: bool = False  # serve token-id prompts only: no tokenizer is loaded, outputs carry no text
     chat_template: str | None = None
     served_model_name: str | None = None
     architecture: str | None = None  # resolved by build_config

@@ -56,6 +56,21 @@ TP_VARIANTS = {
     "qwen3-bias-qk-norm-kv1": ("qwen3", {"attention_bias": True, "num_key_value_heads": 1, "vocab_size": 321}),
     # every expert's intermediate dimension split over the ranks, a dense layer between sparse ones
     "qwen3moe-experts-split": ("qwen3_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2, "num_hidden_layers": 3}),
+    # top-2 of 4 experts, each split over the ranks; a window (12) shorter than the second prompt
+    "mixtral-experts-split-window12": ("mixtral", {"sliding_window": 12}),
+    "mistral-window12": ("mistral", {"vocab_size": 321}),
+    # fused qkv / gate_up in the checkpoint, split per rank at load; partial rotary with LongRoPE
+    "phi3-fused-longrope": ("phi3", {"original_max_position_embeddings": 16,
+                                     "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                         "partial_rotary_factor": 0.5,
+                                                         "short_factor": [1.0, 1.3, 1.9, 2.5],
+                                                         "long_factor": [1.5, 2.8, 4.0, 7.5],
+                                                         "original_max_position_embeddings": 16}}),
+    # local and global layers, q/k norm, scaled embeddings, soft-capped logits
+    "gemma3-interleaved-softcap": ("gemma3", {"num_hidden_layers": 3, "sliding_window": 12, "tie_word_embeddings": True,
+                                              "layer_types": ["sliding_attention", "full_attention",
+                                                              "sliding_attention"],
+                                              "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0}),
 }
 
 

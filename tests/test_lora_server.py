@@ -35,7 +35,7 @@ def dirs(tmp_path_factory):
 
 def _serve(dirs, *extra: str, runtime: bool = True):
     args = [dirs["base"], "--enable-lora", "--max-loras", "2", "--max-cpu-loras", "2", "--max-lora-rank", "8",
-            "--kv-cache-memory", "16MiB", "--lora-modules", f"static={dirs['adapters']}/a0", *extra]
+            "--kv-cache-memory", "16MiB", "--skip-tokenizer-init", "--lora-modules", f"static={dirs['adapters']}/a0", *extra]
     if runtime:
         args += ["--allow-runtime-lora-updating", "--lora-root", dirs["adapters"]]
     env_dir = {"KC_LORA_RESOLVER_DIR": dirs["resolvable"]}

@@ -42,7 +42,7 @@ def dirs(tmp_path_factory):
 
 def _lora_args(dirs) -> list[str]:
     return [dirs["base"], "--enable-lora", "--max-loras", "2", "--max-cpu-loras", "2", "--max-lora-rank", "8",
-            "--kv-cache-memory", "16MiB", "--allow-runtime-lora-updating", "--lora-root", dirs["adapters"]]
+            "--kv-cache-memory", "16MiB", "--skip-tokenizer-init", "--allow-runtime-lora-updating", "--lora-root", dirs["adapters"]]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])

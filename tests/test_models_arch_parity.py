@@ -1,4 +1,4 @@
-"""Logits and greedy tokens of the Llama-like architectures (Qwen2/3, Mistral, Phi-3, Gemma 3, MoE) match
+"""Logits and greedy tokens of the Llama-like architectures (Qwen2/3, Mistral, Phi-3, Gemma 3, Qwen3-MoE, Mixtral) match
 transformers on random checkpoints: chunked prefill plus 32 decode steps, and 64 greedy tokens."""
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ VARIANTS = {
                                                       "num_hidden_layers": 3, "intermediate_size": 96}),
     "qwen3moe-top3-unnormalised": ("qwen3_moe", {"norm_topk_prob": False, "num_experts_per_tok": 3,
                                                  "tie_word_embeddings": True}),
+    # Mixtral: top-2 of 4 experts, always renormalised; a window (12) shorter than the prompts
+    "mixtral-top2-window12": ("mixtral", {"sliding_window": 12}),
+    "mixtral-top3-of-6-tied": ("mixtral", {"num_local_experts": 6, "num_experts_per_tok": 3,
+                                           "tie_word_embeddings": True, "intermediate_size": 48}),
 }
 RUNNER_KWARGS = {"phi3-longrope-short": {"max_model_len": 128}}
 GREEDY_PROMPT_LENS = {"phi3-longrope-long-tied": (17, 24, 30)}  # transformers re-rotates on crossing the length
@@ -125,3 +129,31 @@ def test_a_backend_without_sliding_window_refuses_the_model(checkpoints, monkeyp
     config = build_config(model=checkpoints["mistral-window12"], block_size=16)
     with pytest.raises(ValueError, match=r"sliding-window attention \(window 12 tokens\).*FULL_ONLY.*refusing"):
         get_model(config)
+
+
+@pytest.mark.parametrize("variant", ["phi3-longrope-short", "qwen3moe-top3-unnormalised", "mixtral-top2-window12"])
+def test_lora_on_fused_projection_and_moe_models_is_refused_at_start_up(checkpoints, variant):
+    """Phi-3's adapters target its fused qkv/gate_up projections and MoE adapters the experts: neither is mapped,
+    so --enable-lora is refused with the architecture's name, never served without the adapters."""
+    from kernelcore.config_builder import build_config
+
+    architecture = {"phi3": "Phi3", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral"}[variant.split("-")[0]]
+    with pytest.raises(ValueError, match=rf"{architecture}ForCausalLM \(plugin models\) does not support LoRA"):
+        build_config(model=checkpoints[variant], enable_lora=True)
+
+
+def test_gemma3_attention_soft_capping_is_refused_not_served_inexactly(checkpoints, tmp_path):
+    """No attention backend soft-caps scores: a config asking for it is refused at load with the reason."""
+    import json
+    import os
+    import shutil
+
+    from kernelcore.config_builder import build_config
+    from kernelcore.models.loader import get_model
+
+    source = checkpoints["gemma3-interleaved-softcap"]
+    shutil.copytree(source, tmp_path / "m")
+    config = json.load(open(os.path.join(source, "config.json")))
+    json.dump({**config, "attn_logit_softcapping": 50.0}, open(tmp_path / "m" / "config.json", "w"))
+    with pytest.raises(ValueError, match="attn_logit_softcapping is not supported"):
+        get_model(build_config(model=str(tmp_path / "m"), block_size=16))

@@ -16,7 +16,8 @@ def test_eager_and_lazy_model_registration_through_a_plugin():
             "lazy_imported_before": "kc_dummy_model.lazy_llama" in sys.modules,
             "builtin_lazy": r.is_lazy("LlamaForCausalLM"),
             "builtin_imported_before": any(f"builtin_plugins.models.{m}" in sys.modules
-                                           for m in ("llama", "qwen", "mistral", "phi3", "gemma3", "qwen3_moe")),
+                                           for m in ("llama", "qwen", "mistral", "phi3", "gemma3", "qwen3_moe",
+                                                     "mixtral")),
             "owners": r.owners(),
         }
         info = r.inspect("MyLazyLlama")

@@ -1,6 +1,6 @@
 """Every common tokenizer format serves text: a Llama checkpoint with only a SentencePiece tokenizer.model,
 and one with a tiktoken-format BPE file, each through the real server and the openai client; a checkpoint
-whose tokenizer files cannot load fails at start-up naming what it found and what is missing."""
+whose tokenizer files cannot load, or that has none, fails at start-up naming what it found and what is missing."""
 
 from __future__ import annotations
 
@@ -95,3 +95,32 @@ def test_unloadable_tokenizer_fails_at_start_up_naming_the_files(tmp_path, files
     if "tokenizer.json" not in files:
         assert "Missing: a vocabulary file" in message
     assert "Starting the engine" not in message  # refused before any engine process started
+
+
+def test_checkpoint_without_tokenizer_files_fails_at_start_up_unless_token_ids_are_asked_for(tmp_path):
+    """Not a warning followed by a server that cannot read text: the message lists what the directory holds,
+    names the missing vocabulary and the flag that serves token-id prompts only."""
+    path = make_llama_checkpoint(str(tmp_path / "m"))
+    proc = run_kc("serve", path, "--port", "0", check=False, timeout=600)  # a safety net only
+    assert proc.returncode != 0
+    message = " ".join(proc.stderr.split())
+    assert f"no tokenizer in {path}: found config.json" in message and "model.safetensors" in message
+    assert "Missing: a vocabulary file (tokenizer.json" in message and "--skip-tokenizer-init" in message
+    assert "Starting the engine" not in message and "Traceback" not in message
+
+
+def test_llm_without_tokenizer_files_serves_token_ids(tmp_path, caplog):
+    from kernelcore.engine.llm import LLM
+    from kernelcore import SamplingParams
+
+    path = make_llama_checkpoint(str(tmp_path / "m"))
+    llm = LLM(path, kv_cache_memory=1 << 20, skip_tokenizer_init=True)
+    try:
+        assert llm.tokenizer is None and not [r for r in caplog.records if "No tokenizer files" in r.getMessage()]
+        out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=3),
+                           use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 3 and not out[0].outputs[0].text
+        with pytest.raises(Exception, match="(?i)tokenizer"):
+            llm.generate(["some text"], SamplingParams(max_tokens=1), use_tqdm=False)
+    finally:
+        llm.shutdown()

@@ -12,6 +12,7 @@ ARCHITECTURES = {
     "Phi3ForCausalLM": "builtin_plugins.models.phi3:Phi3ForCausalLM",
     "Gemma3ForCausalLM": "builtin_plugins.models.gemma3:Gemma3ForCausalLM",
     "Qwen3MoeForCausalLM": "builtin_plugins.models.qwen3_moe:Qwen3MoeForCausalLM",
+    "MixtralForCausalLM": "builtin_plugins.models.mixtral:MixtralForCausalLM",
 }
 
 

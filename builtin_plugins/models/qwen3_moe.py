@@ -26,19 +26,24 @@ def is_sparse_layer(hf_config, layer_idx: int) -> bool:
             and hf_config.num_experts > 0 and (layer_idx + 1) % step == 0)
 
 
-class Qwen3MoeSparseBlock(nn.Module):
-    def __init__(self, hf_config) -> None:
+class SparseMoeBlock(nn.Module):
+    """A replicated router (``gate``) and the FusedMoE experts; shared by the MoE architectures."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
+                 renormalize: bool) -> None:
         super().__init__()
-        self.gate = ReplicatedLinear(hf_config.hidden_size, hf_config.num_experts)
-        self.experts = FusedMoE(hf_config.num_experts, hf_config.num_experts_per_tok, hf_config.hidden_size,
-                                hf_config.moe_intermediate_size, renormalize=bool(hf_config.norm_topk_prob))
+        self.gate = ReplicatedLinear(hidden_size, num_experts)
+        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize=renormalize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.gate(x))
 
 
 def Qwen3MoeMLP(hf_config, prefix: str = "", layer_idx: int = 0) -> nn.Module:
-    return Qwen3MoeSparseBlock(hf_config) if is_sparse_layer(hf_config, layer_idx) else LlamaMLP(hf_config)
+    if not is_sparse_layer(hf_config, layer_idx):
+        return LlamaMLP(hf_config)
+    return SparseMoeBlock(hf_config.hidden_size, hf_config.num_experts, hf_config.num_experts_per_tok,
+                          hf_config.moe_intermediate_size, renormalize=bool(hf_config.norm_topk_prob))
 
 
 class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
@@ -74,7 +79,7 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
                 params[param_name].weight_loader(params[param_name], tensor, int(match["expert"]), EXPERT_SHARD[proj])
                 expert_params.add(param_name)
 
-        loaded = load_params(self, dense(weights), self.stacked_params_mapping, self.rename_weight,
+        loaded = load_params(self, dense(self.checkpoint_weights(weights)), self.stacked_params_mapping, self.rename_weight,
                              loaded_elsewhere=expert_params)
         partial = [n for n, m in self.named_modules() if isinstance(m, FusedMoE) and not m.is_fully_loaded]
         if partial:

@@ -47,7 +47,8 @@ class AsyncLLM:
         from kernelcore.engine.tokenizer import eos_token_id, try_get_tokenizer
 
         self.config = config
-        self.tokenizer = try_get_tokenizer(config.model.tokenizer or config.model.model)
+        self.tokenizer = None if config.model.skip_tokenizer_init else \
+            try_get_tokenizer(config.model.tokenizer or config.model.model)
         self.eos_token_id = eos_token_id(self.tokenizer, load_hf_config(config.model))
         self.max_model_len = config.model.max_model_len
         self.stat_loggers = list(stat_loggers or [])

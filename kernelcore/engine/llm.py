@@ -29,7 +29,8 @@ class LLM:
         self.config = build_config(model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
                                    block_size=block_size, kv_cache_memory=kv_cache_memory, dtype=dtype,
                                    hf_overrides=hf_overrides, seed=seed, **kwargs)
-        self.tokenizer = try_get_tokenizer(self.config.model.tokenizer or self.config.model.model)
+        self.tokenizer = None if self.config.model.skip_tokenizer_init else \
+            try_get_tokenizer(self.config.model.tokenizer or self.config.model.model)
         self.eos_token_id = eos_token_id(self.tokenizer, load_hf_config(self.config.model))
         # multiprocess=True runs the scheduler and model in the engine-core process (the server's topology);
         # the default keeps them in this process, which needs no `if __name__ == "__main__":` guard.

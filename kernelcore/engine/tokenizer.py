@@ -65,8 +65,9 @@ def tokenizer_files(path: str) -> list[str]:
     return names + sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.tiktoken")))
 
 
-def try_get_tokenizer(path: str):
-    """The tokenizer; None for a checkpoint with no tokenizer files at all (token-id prompts only, no text).
+def try_get_tokenizer(path: str, required: bool = False):
+    """The tokenizer; None for a checkpoint with no tokenizer files at all (token-id prompts only, no text),
+    which is an error when ``required`` (``kc serve`` without --skip-tokenizer-init).
 
     Raises TokenizerError naming the files found and what is missing when there are tokenizer files but
     none of them loads (a missing library, a vocabulary-less tokenizer_config.json, a corrupt file)."""
@@ -75,9 +76,16 @@ def try_get_tokenizer(path: str):
 
     found = tokenizer_files(path) if os.path.isdir(path) else []
     if os.path.isdir(path) and not found:
+        looked_for = ", ".join(VOCAB_FILES[:3]) + ", *.tiktoken, ..."
+        if required:
+            present = sorted(os.listdir(path))
+            raise TokenizerError(
+                f"no tokenizer in {path}: found {', '.join(present) or 'an empty directory'}, none of them a "
+                f"tokenizer file. Missing: a vocabulary file ({looked_for}). Add the checkpoint's tokenizer "
+                "files, or pass --skip-tokenizer-init to serve token-id prompts only.")
         logging.getLogger("kernelcore.engine").warning(
             "No tokenizer files in %s (looked for %s): only token-id prompts work and outputs have no text",
-            path, ", ".join(VOCAB_FILES[:3]) + ", *.tiktoken, ...")
+            path, looked_for)
         return None
     has_vocab = not os.path.isdir(path) or any(n in VOCAB_FILES or n.endswith(".tiktoken") for n in found)
     missing = "" if has_vocab else (" Missing: a vocabulary file (tokenizer.json, tokenizer.model, vocab.json with "

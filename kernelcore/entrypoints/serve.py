@@ -96,6 +96,9 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Quantize the weights at load: a method a plugin registered (built in: int8, weight-only per-channel).")
 @_opt("--num-threads", env="KC_NUM_THREADS", type=int, default=None, show_default=False,
       help="Compute threads per worker [default: the CPU cores divided among the ranks].")
+@_opt("--skip-tokenizer-init", env="KC_SKIP_TOKENIZER_INIT", is_flag=True, default=False,
+      help="Load no tokenizer: serve token-id prompts only, outputs without text (a checkpoint without "
+           "tokenizer files is otherwise refused at start-up).")
 @_opt("--hf-overrides", env="KC_HF_OVERRIDES", default=None, callback=_json_object,
       help='JSON object applied over the HF config, e.g. \'{"rope_theta": 20000}\'.')
 @_opt("--chat-template", env="KC_CHAT_TEMPLATE", default=None,
@@ -168,7 +171,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               master_port: int, cluster_secret: str | None, headless: bool, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
               kv_cache_memory: str | None, dtype: str | None, quantization: str | None, num_threads: int | None,
-              hf_overrides: dict | None, chat_template: str | None,
+              hf_overrides: dict | None, skip_tokenizer_init: bool, chat_template: str | None,
               trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
               response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None, enforce_eager: bool,
@@ -212,6 +215,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
         quantization=quantization, num_threads=num_threads, hf_overrides=hf_overrides,
+        skip_tokenizer_init=skip_tokenizer_init or None,
         tensor_parallel_size=tensor_parallel_size, seed=seed,
         enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
         plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
@@ -230,7 +234,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
     from kernelcore.engine.tokenizer import TokenizerError, try_get_tokenizer
 
     try:  # before any engine process starts: a checkpoint whose tokenizer cannot load is not served
-        try_get_tokenizer(config.model.tokenizer or config.model.model)
+        if not config.model.skip_tokenizer_init:
+            try_get_tokenizer(config.model.tokenizer or config.model.model, required=True)
     except TokenizerError as exc:
         raise click.ClickException(str(exc)) from None
     options = ServerOptions(
