@@ -65,7 +65,7 @@ def tokenizer_files(path: str) -> list[str]:
     return names + sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.tiktoken")))
 
 
-def try_get_tokenizer(path: str):
+def try_get_tokenizer(path: str | None):
     """The tokenizer; None for a checkpoint with no tokenizer files at all (token-id prompts only, no text).
 
     Raises TokenizerError naming the files found and what is missing when there are tokenizer files but
@@ -73,6 +73,8 @@ def try_get_tokenizer(path: str):
     import logging
     import os
 
+    if path is None:  # a config not built by build_config (which always sets model.model)
+        return None
     found = tokenizer_files(path) if os.path.isdir(path) else []
     if os.path.isdir(path) and not found:
         logging.getLogger("kernelcore.engine").warning(
