@@ -203,9 +203,18 @@ def torch_gelu_tanh_and_mul(x):
     return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
 
 
+def _expert_linear(rows: torch.Tensor, weight: torch.Tensor, expert: int) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    return F.linear(rows, weight[expert])
+
+
 def torch_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor) -> torch.Tensor:
-    """sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k]; w13 [E, 2I, H], w2 [E, H, I]."""
+                    topk_ids: torch.Tensor,
+                    linear: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] = _expert_linear) -> torch.Tensor:
+    """sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k]; w13 [E, 2I, H], w2 [E, H, I].
+
+    ``linear(rows, w, e)`` computes ``rows @ w[e].T``; a platform passes a faster one (prepacked weights)."""
     import torch
     import torch.nn.functional as F
 
@@ -220,9 +229,9 @@ def torch_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     start = 0
     for expert, count in enumerate(counts):
         if count:
-            h = F.linear(rows[start:start + count], w13[expert])
+            h = linear(rows[start:start + count], w13, expert)
             h = F.silu(h[:, :inter]).mul_(h[:, inter:])
-            torch.mm(h, w2[expert].t(), out=out_rows[start:start + count])
+            out_rows[start:start + count] = linear(h, w2, expert)
             start += count
     out_rows.mul_(topk_weights.flatten()[order].unsqueeze(1))
     return torch.zeros(num_tokens, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, token_of, out_rows)

@@ -4,7 +4,8 @@ Each rank holds every expert's slice of the intermediate dimension (gate/up colu
 the partial outputs all-reduced), so tensor parallelism splits the expert work evenly whatever the routing.
 On CPU the token-expert assignments are grouped by expert (one sort), each active expert runs one batched
 matmul pair over its tokens, and the weighted rows are summed back per token: a loop over the experts that
-received tokens, never over tokens. On CUDA the ``fused_moe`` kernel of the kernel table runs."""
+received tokens, never over tokens. On CPU and CUDA the platform's ``fused_moe`` kernel-table entry runs (the CPU
+platform's prepacks the expert weights for oneDNN); ``forward_native`` is the reference."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class FusedMoE(CustomOp):
     """``forward(x [T, H], router_logits [T, E]) -> [T, H]``; parameters w13_weight [E, 2I/tp, H] (gate rows,
     then up rows) and w2_weight [E, H, I/tp], loaded per expert by ``weight_loader(param, w, expert, shard)``
     with shard "w1" (gate), "w3" (up) or "w2" (down)."""
+
+    kernel_names = ("fused_moe",)
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool) -> None:
@@ -70,3 +73,9 @@ class FusedMoE(CustomOp):
     def forward_cuda(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self._reduce(kernel_table.get("fused_moe")(x, self.w13_weight, self.w2_weight, weights, ids))
+
+    def forward_cpu(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        # the CPU platform's kernel-table entry (prepacked expert weights) once the platform has installed it
+        if self._uses_overridden_kernels():
+            return self.forward_cuda(x, router_logits)
+        return self.forward_native(x, router_logits)
