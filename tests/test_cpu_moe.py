@@ -44,7 +44,7 @@ def test_the_engine_serves_a_moe_model_through_it(tmp_path):
     table's fused_moe is the prepacked one, and greedy tokens equal transformers' generate."""
     from conftest_models import make_checkpoint
     from kernelcore.engine.llm import LLM
-    from kernelcore.engine.sampling_params import SamplingParams
+    from kernelcore.core_types.sampling_params import SamplingParams
     from kernelcore.kernels import kernel_table
     from test_models_parity import load_hf, random_tokens
 
