@@ -23,13 +23,12 @@ class MethodEntry:
 class QuantizationRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, MethodEntry] = {}
+        self.owner = "<direct call>"  # the plugin whose hook is registering (set by the loader: ownership passed)
         self.register(UNQUANTIZED, "kernelcore.layers.linear:UnquantizedLinearMethod")
 
     def register(self, name: str, method: Any, override: bool = False) -> None:
         """Add method ``name``; ``override=True`` replaces an existing one (a platform's faster implementation)."""
-        from kernelcore import plugins
-
-        owner = getattr(plugins, "loading_plugin", None) or "<direct call>"
+        owner = self.owner
         existing = self._entries.get(name)
         if existing is not None and not override and existing.owner != owner:
             raise ValueError(f"quantization method {name!r} is registered by {existing.owner} and again by {owner}; "
@@ -69,11 +68,11 @@ def get_quantization_registry() -> QuantizationRegistry:
         registry = QuantizationRegistry()
         # One implementation at a time, in pluggy's call order (the platform last), so each entry records its owner.
         for impl in reversed(pm.hook.register_quantization_methods.get_hookimpls()):
-            plugins.loading_plugin = impl.plugin_name.split(":")[0]
+            registry.owner = impl.plugin_name.split(":")[0]
             try:
                 impl.function(registry=registry)
             finally:
-                plugins.loading_plugin = None
+                registry.owner = "<direct call>"
         _registry = (pm, registry)
     return _registry[1]
 

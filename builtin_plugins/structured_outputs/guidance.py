@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -13,6 +13,9 @@ import torch
 
 from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
 from kernelcore.structured_output.params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 
 def _lark_string(text: str) -> str:
@@ -48,25 +51,25 @@ class GuidanceBackend(StructuredOutputBackend):
 
     def grammar(self, params: StructuredOutputsParams) -> str:
         kind = params.kind
-        options = {"whitespace_flexible": False}
+        options: JsonCompileOptions = {"whitespace_flexible": False}
         if params.whitespace_pattern:
             options = {"whitespace_pattern": params.whitespace_pattern}
         if kind == "json":
             schema = params.schema()
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("the JSON schema must be an object")
-            return llguidance.LLMatcher.grammar_from_json_schema(params.json, defaults=options)
+            return llguidance.LLMatcher.grammar_from_json_schema(params.text("json"), defaults=options)
         if kind == "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=options)
         if kind == "regex":
             try:
-                re.compile(params.regex)
+                re.compile(params.text("regex"))
             except re.error as exc:
                 raise ValueError(f"invalid regex: {exc}") from None
-            return llguidance.LLMatcher.grammar_from_regex(params.regex)
+            return llguidance.LLMatcher.grammar_from_regex(params.text("regex"))
         if kind == "choice":
-            return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_string(c) for c in params.choice))
-        return llguidance.LLMatcher.grammar_from_lark(params.grammar)
+            return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_string(c) for c in params.choices))
+        return llguidance.LLMatcher.grammar_from_lark(params.text("grammar"))
 
     def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
         grammar = self.grammar(params)

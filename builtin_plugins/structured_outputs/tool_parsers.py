@@ -66,8 +66,8 @@ class Llama3JsonToolParser(ToolParser):
         if not is_final:
             return ParsedOutput()  # a call is being written: decided at the end
         values = json_values(stripped)
-        calls = [call_from_json(v) for v in values or []]
-        if not values or any(c is None for c in calls):
+        calls = [c for v in values or [] if (c := call_from_json(v)) is not None]
+        if not values or len(calls) != len(values):
             return ParsedOutput(text)
         return ParsedOutput("", calls)
 
@@ -110,8 +110,8 @@ class MistralToolParser(ToolParser):
             if not values or len(values) != 1:
                 return None
             items = values[0] if isinstance(values[0], list) else [values[0]]
-            parsed = [call_from_json(item) for item in items]
-            if not parsed or any(c is None for c in parsed):
+            parsed = [c for item in items if (c := call_from_json(item)) is not None]
+            if not parsed or len(parsed) != len(items):
                 return None
             calls.extend(parsed)
         return calls

@@ -42,14 +42,14 @@ class XGrammarBackend(StructuredOutputBackend):
         kind = params.kind
         try:
             if kind == "json":
-                return self.compiler.compile_json_schema(params.json, any_whitespace=False)
+                return self.compiler.compile_json_schema(params.text("json"), any_whitespace=False)
             if kind == "json_object":
                 return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if kind == "regex":
-                return self.compiler.compile_regex(params.regex)
+                return self.compiler.compile_regex(params.text("regex"))
             if kind == "choice":
-                return self.compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in params.choice))
-            return self.compiler.compile_grammar(params.grammar)  # EBNF (GBNF)
+                return self.compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in params.choices))
+            return self.compiler.compile_grammar(params.text("grammar"))  # EBNF (GBNF)
         except RuntimeError as exc:
             raise ValueError(f"the {kind} constraint does not compile: {exc}") from None
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kernelcore.attention.backend import AttentionBackend
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,7 @@ class AttentionSelector:
 
 
 @functools.cache
-def get_attn_backend(selector: AttentionSelector) -> type:
+def get_attn_backend(selector: AttentionSelector) -> type[AttentionBackend]:
     from kernelcore import plugins
     from kernelcore.attention.backend import AttentionBackend
     from kernelcore.platforms import current_platform, resolve_obj_by_qualname

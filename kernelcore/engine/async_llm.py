@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from kernelcore.config import KernelConfig
 from kernelcore.engine.core_client import EngineDeadError, RequestError
@@ -26,6 +26,9 @@ from kernelcore.hostproc.ipc import AsyncChannel, remove_private_dir
 from kernelcore.metrics import StatLoggerBase
 from kernelcore.metrics.request_stats import FinishedRequestStats
 from kernelcore.metrics.stats import EngineStats
+
+if TYPE_CHECKING:
+    from kernelcore.engine.dp_router import DPRouter
 
 logger = logging.getLogger("kernelcore.engine")
 __all__ = ["AsyncLLM", "EngineDeadError", "RequestError", "RequestRejected"]
@@ -42,6 +45,9 @@ class _Tracked:
 
 
 class AsyncLLM:
+    num_blocks: int  # set by create(), from the first replica
+    vocab_size: int
+
     def __init__(self, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> None:
         from kernelcore.config_builder import load_hf_config
         from kernelcore.engine.tokenizer import eos_token_id, try_get_tokenizer
@@ -58,7 +64,7 @@ class AsyncLLM:
         self.dead_error: BaseException | None = None
         self._channels: list[AsyncChannel] = []  # one per data-parallel replica (engine core)
         self.processes: list = []
-        self.router = None  # a DPRouter with --data-parallel-size > 1
+        self.router: DPRouter | None = None  # with --data-parallel-size > 1
         self.replica_of: dict[str, int] = {}
         self._tasks: list[asyncio.Task] = []
         self._lora_answers: dict[tuple[int, int], asyncio.Future] = {}  # (lora id, replica) -> its LoraAdded
@@ -135,7 +141,7 @@ class AsyncLLM:
             if not is_finished:
                 self.abort_nowait(request_id)
             replica = self.replica_of.pop(request_id, None)
-            if replica is not None:
+            if replica is not None and self.router is not None:
                 self.router.finished(replica)
 
     def abort_nowait(self, request_id: str) -> None:

@@ -54,7 +54,7 @@ async def start_replicas(config: KernelConfig) -> list[Replica]:
                 r.channel.close()
                 r.process.terminate()
         raise errors[0]
-    return results
+    return [r for r in results if isinstance(r, Replica)]
 
 
 class DPRouter:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 from tqdm.auto import tqdm
 
@@ -14,6 +14,9 @@ from kernelcore.engine.outputs import RequestOutput
 from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
 from kernelcore.engine.tokenizer import encode_chat, encode_prompt, eos_token_id, try_get_tokenizer
+
+if TYPE_CHECKING:
+    from kernelcore.engine.core_client import MPEngineCoreClient
 
 PromptType = str | dict[str, Any]
 logger = logging.getLogger("kernelcore.llm")
@@ -37,7 +40,7 @@ class LLM:
         if multiprocess:
             from kernelcore.engine.core_client import MPEngineCoreClient
 
-            self.engine_core = MPEngineCoreClient(self.config)
+            self.engine_core: EngineCore | MPEngineCoreClient = MPEngineCoreClient(self.config)
         else:
             self.engine_core = EngineCore(self.config)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -77,7 +80,8 @@ class LLM:
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True, **kwargs: Any) -> list[RequestOutput]:
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations = cast("list[list[dict[str, Any]]]",
+                             [messages] if messages and isinstance(messages[0], dict) else messages)
         prompts = [{"prompt_token_ids": encode_chat(self.tokenizer, conv, chat_template, add_generation_prompt, **kwargs)}
                    for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)

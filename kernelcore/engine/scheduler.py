@@ -4,6 +4,7 @@ first (FCFS), preemption by recompute when KV blocks run out."""
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 from kernelcore.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput
@@ -12,6 +13,9 @@ from kernelcore.engine.kv_cache_manager import KVCacheManager
 from kernelcore.engine.outputs import EngineCoreOutput
 from kernelcore.engine.request import FINISH_REASONS, EngineCoreRequest, Request, RequestStatus
 from kernelcore.metrics.stats import EngineStats
+
+if TYPE_CHECKING:
+    from kernelcore.structured_output.manager import StructuredOutputManager
 
 
 class RequestRejected(ValueError):
@@ -36,7 +40,7 @@ class Scheduler:
         self.failed: dict[str, str] = {}  # failed alone since the engine last collected them: id -> message
         self.num_preemptions_total = 0
         self._step_stats = EngineStats()
-        self.structured = None  # the StructuredOutputManager, once a constrained request arrived
+        self.structured: StructuredOutputManager | None = None  # once a constrained request arrived
 
     # -- requests in and out -------------------------------------------------------------------------------
 

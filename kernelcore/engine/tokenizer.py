@@ -65,7 +65,7 @@ def tokenizer_files(path: str) -> list[str]:
     return names + sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.tiktoken")))
 
 
-def try_get_tokenizer(path: str, required: bool = False):
+def try_get_tokenizer(path: str | None, required: bool = False):
     """The tokenizer; None for a checkpoint with no tokenizer files at all (token-id prompts only, no text),
     which is an error when ``required`` (``kc serve`` without --skip-tokenizer-init).
 
@@ -74,6 +74,8 @@ def try_get_tokenizer(path: str, required: bool = False):
     import logging
     import os
 
+    if path is None:  # a config not built by build_config (which always sets model.model)
+        return None
     found = tokenizer_files(path) if os.path.isdir(path) else []
     if os.path.isdir(path) and not found:
         looked_for = ", ".join(VOCAB_FILES[:3]) + ", *.tiktoken, ..."

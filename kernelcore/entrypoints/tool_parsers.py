@@ -45,7 +45,7 @@ def call_from_json(obj: Any, args_keys: tuple[str, ...] = ("arguments", "paramet
     """(name, arguments JSON) from ``{"name": ..., "arguments": {...}}``; None if it is not that shape."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = next((obj[k] for k in args_keys if k in obj), {})
+    args: Any = next((obj[k] for k in args_keys if k in obj), {})
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -58,7 +58,8 @@ def call_from_json(obj: Any, args_keys: tuple[str, ...] = ("arguments", "paramet
 
 def json_values(text: str) -> list[Any] | None:
     """Every JSON value in ``text``, separated by whitespace or ``;``; None if anything else is there."""
-    decoder, values, pos = json.JSONDecoder(), [], 0
+    decoder, pos = json.JSONDecoder(), 0
+    values: list[Any] = []
     while True:
         while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
             pos += 1

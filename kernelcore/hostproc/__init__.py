@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
 from kernelcore.hostproc.role import get_role, set_role
@@ -35,7 +36,7 @@ _status_conn: Connection | None = None
 
 
 class HostProcess:
-    def __init__(self, process: mp.Process, status: Connection, role: str) -> None:
+    def __init__(self, process: BaseProcess, status: Connection, role: str) -> None:
         self.process, self.status, self.role = process, status, role
         self.ready_info: Any = None
         self.summary: dict | None = None  # the child's process tree (role, pid, plugins), sent with "ready"
@@ -159,9 +160,8 @@ def _bootstrap(role: str, target: Callable[..., Any] | str, args: tuple, kwargs:
         from kernelcore import platforms
 
         platforms.load_general_plugins()
-        if isinstance(target, str):
-            target = platforms.resolve_obj_by_qualname(target)
-        target(*args, **kwargs)
+        run = platforms.resolve_obj_by_qualname(target) if isinstance(target, str) else target
+        run(*args, **kwargs)
     except SystemExit:
         raise
     except BaseException as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -18,7 +19,7 @@ def loaded_plugins() -> list[dict[str, Any]]:
              "hooks": list(r.hooks)} for r in plugins.records() if r.status == "loaded"]
 
 
-def describe_process(children: list[Any] = ()) -> dict[str, Any]:
+def describe_process(children: Sequence[Any] = ()) -> dict[str, Any]:
     """This process and the summaries its ``hostproc`` children sent when they became ready."""
     from kernelcore import platforms
     from kernelcore.hostproc.role import get_role

@@ -35,4 +35,7 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.impl.forward(q, k, v, self.kv_cache, get_forward_context().attn_metadata)
+        metadata = get_forward_context().attn_metadata
+        if metadata is None:
+            raise RuntimeError(f"attention layer {self.layer_name!r} ran outside a model-runner forward (no metadata)")
+        return self.impl.forward(q, k, v, self.kv_cache, metadata)

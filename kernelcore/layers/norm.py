@@ -88,7 +88,9 @@ class LayerNorm(CustomOp):
         var = (h - mean).pow(2).mean(-1, keepdim=True)
         h = (h - mean) * torch.rsqrt(var + self.eps)
         if self.weight is not None:
-            h = h * self.weight.float() + self.bias.float()
+            h = h * self.weight.float()
+        if self.bias is not None:
+            h = h + self.bias.float()
         return h.to(x.dtype)
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,8 @@ def _cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def _build_cache(base: float, rotary_dim: int, max_position: int, scaling: dict[str, Any] | None) -> torch.Tensor:
     """[max_position, rotary_dim] float32: cos of the rotary_dim/2 frequencies, then sin."""
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    scaling = scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
     inv_freq = _inv_freq(base, rotary_dim)
     if kind == "default":
         return _cos_sin(inv_freq, torch.arange(max_position))
@@ -65,6 +66,8 @@ def _build_cache(base: float, rotary_dim: int, max_position: int, scaling: dict[
 @CustomOp.register("rotary_embedding")
 class RotaryEmbedding(CustomOp):
     """``forward(positions, q, k)`` rotates q [T, H*D] and k [T, Hkv*D]; returns (q, k)."""
+
+    cos_sin_cache: torch.Tensor  # a buffer (register_buffer below)
 
     kernel_names = ("rotary_embedding",)
 

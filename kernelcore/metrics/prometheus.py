@@ -3,6 +3,7 @@ dashboards), plus prometheus_client's process and platform collectors, in its ow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import prometheus_client as prom
@@ -43,7 +44,7 @@ class PrometheusStatLogger(StatLoggerBase):
         def counter(name: str, doc: str):
             return prom.Counter(name_of(name), doc, list(labels), registry=self.registry).labels(**labels)
 
-        def histogram(name: str, doc: str, buckets: list[float]):
+        def histogram(name: str, doc: str, buckets: Sequence[float]):
             return prom.Histogram(name_of(name), doc, list(labels), buckets=buckets,
                                   registry=self.registry).labels(**labels)
 

@@ -7,7 +7,8 @@ import glob
 import json
 import logging
 import os
-from typing import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -88,8 +89,9 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> N
 
 
 def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                stacked_params_mapping: list[tuple[str, str, object]] = (),
-                rename: Callable[[str], str | None] | None = None, loaded_elsewhere: set[str] = frozenset()) -> set[str]:
+                stacked_params_mapping: Sequence[tuple[str, str, object]] = (),
+                rename: Callable[[str], str | None] | None = None,
+                loaded_elsewhere: AbstractSet[str] = frozenset()) -> set[str]:
     """Copy checkpoint tensors into ``model`` through each parameter's ``weight_loader``.
 
     ``stacked_params_mapping`` holds (fused param part, checkpoint part, shard id), e.g.
@@ -113,7 +115,7 @@ def load_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
         if param is None:
             unexpected.append(ckpt_name)
             continue
-        loader = getattr(param, "weight_loader", default_weight_loader)
+        loader: Callable[..., None] = getattr(param, "weight_loader", default_weight_loader)
         try:
             loader(param, tensor) if shard_id is None else loader(param, tensor, shard_id)
         except (ValueError, RuntimeError) as exc:
@@ -166,13 +168,16 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
     model_cls = model_registry.get_model_cls(architecture)
     if config.parallel.pipeline_parallel_size > 1 and not getattr(model_cls, "supports_pipeline_parallel", False):
         raise ValueError(f"{architecture} does not support pipeline parallelism (supports_pipeline_parallel)")
+    model_dir = config.model.model
+    if model_dir is None:
+        raise ValueError("config.model.model is not set (build_config sets it)")
     if not is_dummy:
-        weight_files(config.model.model)  # fail on missing weights before building anything
+        weight_files(model_dir)  # fail on missing weights before building anything
     with set_current_config(config), default_dtype(get_dtype(config.model.dtype)):
         model = model_cls(config, prefix="")
         if is_dummy:
             init_dummy_weights(model)
         else:
-            model.load_weights(iterate_weights(config.model.model))
+            model.load_weights(iterate_weights(model_dir))
         process_weights_after_loading(model)
     return model.eval()

@@ -82,13 +82,12 @@ class StructuredOutputBackendRegistry:
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
+        self.owner: str | None = None  # the plugin whose hook is registering (set by the loader: ownership passed)
 
     def register(self, name: str, factory: BackendFactory, order: int = 50) -> None:
         if name in self._entries:
             raise ValueError(f"structured-output backend {name!r} is registered twice")
-        from kernelcore import plugins
-
-        self._entries[name] = _Entry(order, name, factory, getattr(plugins, "loading_plugin", None))
+        self._entries[name] = _Entry(order, name, factory, self.owner)
 
     def names(self) -> list[str]:
         return [e.name for e in sorted(self._entries.values())]
@@ -96,7 +95,7 @@ class StructuredOutputBackendRegistry:
     def owners(self) -> dict[str, str | None]:
         return {e.name: e.plugin for e in sorted(self._entries.values())}
 
-    def factory(self, name: str) -> BackendFactory:
+    def factory(self, name: str) -> Callable[[Any, int], StructuredOutputBackend]:
         if name not in self._entries:
             raise ValueError(f"unknown structured-output backend {name!r}; installed: {', '.join(self.names()) or 'none'}")
         factory = self._entries[name].factory
@@ -115,9 +114,9 @@ def build_registry() -> StructuredOutputBackendRegistry:
     platforms.load_general_plugins()
     registry = StructuredOutputBackendRegistry()
     for impl in plugins.get_plugin_manager().hook.register_structured_output_backends.get_hookimpls():
-        plugins.loading_plugin = impl.plugin_name  # recorded as the owner of what it registers
+        registry.owner = impl.plugin_name  # recorded as the owner of what it registers
         try:
             plugins.call_plugin_hook(impl.plugin_name, "register_structured_output_backends", registry=registry)
         finally:
-            plugins.loading_plugin = None
+            registry.owner = None
     return registry

@@ -47,5 +47,17 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         """Equal keys compile to the same grammar: the cache is keyed by it."""
         return (self.kind, self.source, self.whitespace_pattern)
 
+    def text(self, kind: str) -> str:
+        """The constraint text of ``kind`` ("json", "regex" or "grammar"), which must be this constraint's kind."""
+        value = getattr(self, kind)
+        if not isinstance(value, str):
+            raise ValueError(f"structured_outputs.{kind} is not set")
+        return value
+
+    @property
+    def choices(self) -> list[str]:
+        """The ``choice`` strings (empty unless this is a choice constraint)."""
+        return list(self.choice or [])
+
     def schema(self) -> dict[str, Any] | None:
         return json.loads(self.json) if self.json is not None else None

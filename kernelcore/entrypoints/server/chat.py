@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 from aiohttp import web
 
@@ -122,7 +122,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 
 
 async def _events(engine: Any, req: GenerateRequest, prompt: EnginePrompt, role: str, echo: str, response_id: str,
-                  header: dict[str, Any], new_output: Any) -> AsyncIterator[dict[str, Any]]:
+                  header: dict[str, Any], new_output: Any) -> AsyncGenerator[dict[str, Any], None]:
     num_prompt_tokens = len(prompt.token_ids)
     num_completion_tokens: dict[int, int] = {}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 from aiohttp import web
 
@@ -56,17 +56,17 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         await state.grammars.validate(req.structured, "structured_outputs")
     default_max_tokens = state.options.default_max_tokens or DEFAULT_MAX_TOKENS
     prompts = []
-    for prompt in req.prompts:
-        if isinstance(prompt, str):
+    for raw in req.prompts:
+        if isinstance(raw, str):
             if engine.tokenizer is None:
                 raise bad_request("This model has no tokenizer: send prompts as token ids", "prompt")
             if req.truncate_prompt_tokens is None:
-                check_text_fits(engine.tokenizer, len(prompt), engine.max_model_len)
-            token_ids = await run_preprocess(len(prompt), functools.partial(
-                engine.tokenizer.encode, prompt, add_special_tokens=req.add_special_tokens))
-            prompts.append(engine_prompt(engine, req, prompt, token_ids, default_max_tokens))
+                check_text_fits(engine.tokenizer, len(raw), engine.max_model_len)
+            token_ids = await run_preprocess(len(raw), functools.partial(
+                engine.tokenizer.encode, raw, add_special_tokens=req.add_special_tokens))
+            prompts.append(engine_prompt(engine, req, raw, token_ids, default_max_tokens))
         else:
-            prompts.append(engine_prompt(engine, req, None, list(prompt), default_max_tokens))
+            prompts.append(engine_prompt(engine, req, None, list(raw), default_max_tokens))
     for prompt in prompts:
         prompt.lora_id = lora_id
     response_id = f"cmpl-{base_request_id(request)}"
@@ -120,7 +120,7 @@ def _prompt_logprobs(output: RequestOutput) -> list[dict[str, Any] | None]:
 
 
 async def _events(engine: Any, req: GenerateRequest, prompts: list[EnginePrompt], response_id: str,
-                  header: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+                  header: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
     states: dict[int, ChoiceState] = {}
     offsets: dict[int, int] = {}
     num_completion_tokens: dict[int, int] = {}
@@ -146,7 +146,7 @@ async def _events(engine: Any, req: GenerateRequest, prompts: list[EnginePrompt]
             logprobs = _logprobs(engine, req, prompt, output, token_ids, entries, is_first, offsets.get(index, 0))
             if logprobs is not None and logprobs["tokens"]:
                 offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
-            text = (prompt.text if req.echo and is_first else "") + delta
+            text = ((prompt.text or "") if req.echo and is_first else "") + delta
             chunk_usage = None
             if req.continuous_usage:
                 chunk_usage = usage(num_prompt_tokens, sum(num_completion_tokens.values()))

@@ -78,7 +78,7 @@ def read_trace(path: str, offset: int, limit: int = MAX_TRACE_EVENTS) -> tuple[l
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            events = []
+            events: list[dict[str, Any]] = []
             while len(events) < limit:
                 line = f.readline()
                 if not line.endswith(b"\n"):  # end of file, or a line still being written

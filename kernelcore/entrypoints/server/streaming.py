@@ -7,7 +7,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from aiohttp import web
 
@@ -157,7 +157,7 @@ class SSEWriter:
 
 
 async def stream_events(request: web.Request, headers: dict[str, str],
-                        events: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
+                        events: AsyncGenerator[dict[str, Any], None]) -> web.StreamResponse:
     """Send each event; a failure after the first byte becomes an SSE error event, then ``[DONE]``.
 
     The first event is awaited before the headers go out, so an engine that is dead or rejects the
