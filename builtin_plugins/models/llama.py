@@ -6,7 +6,7 @@ subclass changes a class attribute (bias, q/k norm, the layer or MLP class) inst
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -116,7 +116,7 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     attention_cls: type[nn.Module] = LlamaAttention
-    mlp_cls: type[nn.Module] = LlamaMLP
+    mlp_cls: Callable[..., nn.Module] = LlamaMLP
 
     def __init__(self, hf_config, rotary_emb: RotaryEmbedding, prefix: str, layer_idx: int = 0) -> None:
         super().__init__()

@@ -56,7 +56,7 @@ class Qwen3MoeModel(LlamaModel):
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
-    model_cls = Qwen3MoeModel
+    model_cls: type[nn.Module] = Qwen3MoeModel
     supports_pipeline_parallel = False  # not tested across stages yet
     supports_lora = False  # adapters on the experts are not supported yet
     is_mixture_of_experts = True
