@@ -15,7 +15,7 @@ import netns
 from helpers import run_python
 
 pytestmark = [pytest.mark.skipif(netns.skip_reason() is not None, reason=str(netns.skip_reason())),
-              pytest.mark.slow]
+              pytest.mark.slow, pytest.mark.timeout(1800)]  # three model loads; a loaded machine is slow
 
 SECRET = "http-cluster-secret"
 CLUSTER_PORT, HTTP_PORT = "29581", "18123"  # inside the namespaces: no other test's ports there
@@ -77,7 +77,7 @@ class Drained:
                 self.lines.append(line)
                 self.changed.notify_all()
 
-    def wait_for(self, needle: str, timeout: float = 600) -> None:
+    def wait_for(self, needle: str, timeout: float = 1200) -> None:
         with self.changed:
             found = self.changed.wait_for(lambda: any(needle in line for line in self.lines), timeout)
         assert found, f"never saw {needle!r} in:\n{''.join(self.lines)[-4000:]}"
