@@ -84,7 +84,7 @@ SERVE_UNTIL_DROPPED = """
 import asyncio, json
 from kernelcore.config_builder import build_config
 from kernelcore.engine.async_llm import AsyncLLM, RequestError
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.metrics.prometheus import PrometheusStatLogger
 
 async def main():

@@ -57,7 +57,7 @@ import json
 from kernelcore.config_builder import build_config
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 if __name__ == "__main__":
     core = EngineCore(build_config(model=MODEL, kv_cache_memory=1 << 24, ARGS))
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)

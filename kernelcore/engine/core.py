@@ -8,7 +8,8 @@ import logging
 import time
 
 from kernelcore.config import KernelConfig
-from kernelcore.engine.outputs import EngineCoreOutputs, SchedulerOutput
+from kernelcore.core_types.scheduler_output import SchedulerOutput
+from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.engine.scheduler import RequestRejected, Scheduler
 from kernelcore.errors import RequestStateError
