@@ -64,6 +64,12 @@ class ParallelConfig:
     distributed_init_method: str | None = None
     data_parallel_size: int = 1  # engine cores behind one front end, each with its own TP x PP workers
     data_parallel_rank: int = 0
+    # Data parallelism across hosts: this host runs DP ranks start..start+local-1; the head (start 0) serves the API
+    # and accepts the other hosts' replicas (``--headless``) on data_parallel_address:data_parallel_rpc_port.
+    data_parallel_size_local: int | None = None  # None: every replica on this host
+    data_parallel_start_rank: int = 0
+    data_parallel_address: str | None = None
+    data_parallel_rpc_port: int | None = None
     distributed_executor_backend: str | None = None  # a registered executor name; None = "uni" or "mp" by size
     # Several hosts (the multiprocess executor): node 0 runs the engine, the others run workers only (headless).
     nnodes: int = 1
@@ -84,6 +90,12 @@ class ParallelConfig:
     @property
     def ranks_per_node(self) -> int:
         return self.world_size // self.nnodes
+
+    @property
+    def data_parallel_local_ranks(self) -> range:
+        """The data-parallel ranks whose engine cores run on this host."""
+        local = self.data_parallel_size if self.data_parallel_size_local is None else self.data_parallel_size_local
+        return range(self.data_parallel_start_rank, self.data_parallel_start_rank + local)
 
     def node_ranks(self, node_rank: int) -> range:
         """The global ranks whose workers run on node ``node_rank``."""

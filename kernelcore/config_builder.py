@@ -140,9 +140,25 @@ def build_config(**kwargs: Any) -> KernelConfig:
         raise RuntimeError(
             f"platform {current_platform.plugin_name!r} ({type(current_platform).__name__}) left worker_cls='auto': "
             "its check_and_update_config hook must set config.parallel.worker_cls to a dotted path")
+    _check_data_parallel(config.parallel)
     if config.parallel.world_size % config.parallel.nnodes:
         raise ValueError(f"{config.parallel.world_size} ranks (tensor x pipeline parallel) do not split evenly "
                          f"over {config.parallel.nnodes} nodes")
     if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:
         config.scheduler.max_num_batched_tokens = config.scheduler.max_num_seqs
     return config
+
+
+def _check_data_parallel(p: ParallelConfig) -> None:
+    local = p.data_parallel_local_ranks
+    if len(local) < 1 or local.start < 0 or local.stop > p.data_parallel_size:
+        raise ValueError(f"data-parallel ranks {local.start}..{local.stop - 1} on this host are not within the "
+                         f"{p.data_parallel_size} replicas (--data-parallel-size-local, --data-parallel-start-rank)")
+    if len(local) < p.data_parallel_size:  # some replicas live on other hosts
+        if not p.data_parallel_address or not p.data_parallel_rpc_port:
+            raise ValueError("replicas on other hosts need --data-parallel-address and --data-parallel-rpc-port")
+        if not p.cluster_secret:
+            raise ValueError("replicas on other hosts need a shared --cluster-secret (or KC_CLUSTER_SECRET)")
+        if p.nnodes > 1:
+            raise ValueError("a data-parallel replica spans one host (--nnodes > 1 with replicas on other hosts)")
+

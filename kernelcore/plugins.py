@@ -7,6 +7,7 @@ import importlib.metadata as md
 import json
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +91,7 @@ def reset_for_tests() -> None:
 def trace_event(path: str | None, **event: Any) -> None:
     if not path:
         return
-    event = {"time": time.time(), "pid": os.getpid(), "role": get_role(), **event}
+    event = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "role": get_role(), **event}
     line = json.dumps(event, default=repr) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:

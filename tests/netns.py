@@ -1,7 +1,7 @@
 """Two simulated hosts: Linux network namespaces joined by a veth pair, created (and removed) by the test.
 
 Addresses are private (10.213.x.1 and .2/24, x from the pid) and live inside the namespaces only; nothing is
-routed outside them. Needs root and iproute2; :func:`skip_reason` says why not when they are missing.
+routed outside them. Each command also gets its host's name (a UTS namespace of its own). Needs root and iproute2; :func:`skip_reason` says why not when they are missing.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ def skip_reason() -> str | None:
         return "network namespaces need root (CI runs the suite as root)"
     if shutil.which("ip") is None:
         return "iproute2 ('ip') is not installed"
+    if shutil.which("unshare") is None:
+        return "util-linux ('unshare') is not installed"
     return None
 
 
@@ -36,13 +38,15 @@ class Hosts:
     names: tuple[str, str]
     addrs: tuple[str, str]
     interfaces: tuple[str, str]
+    hostnames: tuple[str, str] = ("kc-host-a", "kc-host-b")  # each command's own UTS namespace: a host of its own
 
-    def popen(self, host: int, args: list[str], **env: str) -> subprocess.Popen:
-        return subprocess.Popen(["ip", "netns", "exec", self.names[host], *args], env=clean_env(**env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def popen(self, host: int, args: list[str], stdin: int | None = None, **env: str) -> subprocess.Popen:
+        own_hostname = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.hostnames[host]]
+        return subprocess.Popen(["ip", "netns", "exec", self.names[host], *own_hostname, *args], env=clean_env(**env),
+                                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def python(self, host: int, code: str, **env: str) -> subprocess.Popen:
-        return self.popen(host, [sys.executable, "-c", code], **env)
+    def python(self, host: int, code: str, stdin: int | None = None, **env: str) -> subprocess.Popen:
+        return self.popen(host, [sys.executable, "-c", code], stdin=stdin, **env)
 
     def kc(self, host: int, *args: str, **env: str) -> subprocess.Popen:
         return self.popen(host, [sys.executable, "-m", "kernelcore.entrypoints.cli", *args], **env)

@@ -35,7 +35,7 @@ from kernelcore.metrics.prometheus import PrometheusStatLogger
 PREFIXES = [[7 + i] * 3 + list(range(20 * i, 20 * i + 29)) for i in range(4)]  # 32 tokens: two 16-token blocks
 
 async def main():
-    config = build_config(model=MODEL, data_parallel_size=DP, kv_cache_memory=1 << 24)
+    config = build_config(model=MODEL, kv_cache_memory=1 << 24, ARGS)
     prom = PrometheusStatLogger(config)
     llm = await AsyncLLM.create(config, stat_loggers=[prom])
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -68,12 +68,16 @@ def llama_dir(tmp_path_factory):
     return make_llama_checkpoint(str(tmp_path_factory.mktemp("llama")), num_hidden_layers=2)
 
 
+def dp_script(model_dir: str, args: str) -> str:
+    return SCRIPT.replace("MODEL", repr(model_dir)).replace("ARGS", args)
+
+
 def _run(llama_dir, dp):
-    out = run_python(SCRIPT.replace("MODEL", repr(llama_dir)).replace("DP", str(dp)), timeout=600)
+    out = run_python(dp_script(llama_dir, f"data_parallel_size={dp}"), timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _metric(text: str, name: str, **labels) -> float:
+def metric(text: str, name: str, **labels) -> float:
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
@@ -82,12 +86,15 @@ def _metric(text: str, name: str, **labels) -> float:
 
 
 def test_dp2_answers_everything_like_dp1_and_routes_shared_prefixes_together(llama_dir):
-    single, double = _run(llama_dir, 1), _run(llama_dir, 2)
+    check_dp2_like_dp1(_run(llama_dir, 1), _run(llama_dir, 2))
+
+
+def check_dp2_like_dp1(single: dict, double: dict) -> None:
     assert double["tokens"] == single["tokens"] and len(double["tokens"]) == 8
     replicas, metrics = double["replicas"], double["metrics"]
     assert sorted(replicas[f"0-{i}"] for i in range(4)) == [0, 0, 1, 1]  # first round: balanced by load
     assert all(replicas[f"1-{i}"] == replicas[f"0-{i}"] for i in range(4))  # second: each follows its prefix
-    assert _metric(metrics, "kc:dp_routed_requests_total", reason="prefix") == 4
-    assert _metric(metrics, "kc:dp_routed_requests_total", reason="load") == 4
+    assert metric(metrics, "kc:dp_routed_requests_total", reason="prefix") == 4
+    assert metric(metrics, "kc:dp_routed_requests_total", reason="load") == 4
     for replica in ("0", "1"):  # both replicas served and each reused its cached prefixes
-        assert _metric(metrics, "kc:dp_prefix_cache_hits_total", replica=replica) >= 2 * 32
+        assert metric(metrics, "kc:dp_prefix_cache_hits_total", replica=replica) >= 2 * 32

@@ -90,22 +90,39 @@ def _alive(pids) -> list[int]:
 @pytest.mark.parametrize("model,tp,pp", [("llama", 2, 1), ("opt", 2, 1),
                                          pytest.param("llama", 1, 2, marks=pytest.mark.slow),
                                          pytest.param("opt", 2, 2, marks=pytest.mark.slow)])
-def test_parallel_across_two_hosts_matches_one_process(model, tp, pp, llama_dir, opt_dir, hosts):
+def test_parallel_across_two_hosts_matches_one_process(model, tp, pp, llama_dir, opt_dir, hosts, tmp_path):
     """TP=2 (a rank per host), PP=2 (a stage per host), TP=2 x PP=2 (a 2-rank stage per host)."""
     model_dir = llama_dir if model == "llama" else opt_dir
     tokens_1, logprobs_1 = json.loads(run_python(greedy_script(model_dir, "tensor_parallel_size=1"))
                                       .stdout.strip().splitlines()[-1])
-    node = headless(hosts, model_dir, tp=tp, pp=pp)
-    head = hosts.python(0, greedy_script(model_dir, cluster_args(hosts, 0, tp=tp, pp=pp)))
+    trace = str(tmp_path / "trace.jsonl")  # one file both hosts append to (the namespaces share the disk)
+    node = headless(hosts, model_dir, tp=tp, pp=pp, KC_TRACE_PLUGINS=trace)
+    head = hosts.python(0, greedy_script(model_dir, cluster_args(hosts, 0, tp=tp, pp=pp)), KC_TRACE_PLUGINS=trace)
     hosts.started += [node, head]
     out, err = head.communicate(timeout=600)
     assert head.returncode == 0, err[-4000:]
     tokens_2, logprobs_2 = json.loads(out.strip().splitlines()[-1])
     assert node.wait(60) == 0, node.stderr.read()[-4000:]  # the head's shutdown ends the headless node cleanly
+    _check_trace_hosts(trace, hosts, tp * pp)
     assert tokens_1 == tokens_2 and all(len(t) == 16 for t in tokens_1.values())
     for rid in logprobs_1:
         for a, b in zip(logprobs_1[rid], logprobs_2[rid]):
             assert a == pytest.approx(b, abs=2e-4)
+
+
+def _check_trace_hosts(trace: str, hosts, world_size: int) -> None:
+    """The start trace shows every process's hooks with its host: the engine and the first half of the ranks on
+    the head, the headless node and the other ranks on the second host."""
+    roles: dict[str, set[str]] = {}
+    with open(trace) as f:
+        for event in map(json.loads, f):
+            roles.setdefault(event["host"], set()).add(event["role"])
+    half = world_size // 2
+    head_roles = {"engine-core", *(f"worker-{r}" for r in range(half))}
+    node_roles = {"node-1", *(f"worker-{r}" for r in range(half, world_size))}
+    assert set(roles) == set(hosts.hostnames), roles
+    assert head_roles <= roles[hosts.hostnames[0]] and not node_roles & roles[hosts.hostnames[0]], roles
+    assert roles[hosts.hostnames[1]] == node_roles, roles
 
 
 def _wait_for_line(stream, needle: str, timeout: float = 120) -> list[str]:

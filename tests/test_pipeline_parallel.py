@@ -50,3 +50,44 @@ def test_a_model_without_pipeline_support_is_refused(model_dirs):
             print("ERROR:", exc)
     """.replace("MODEL", repr(model_dirs["llama"])))
     assert "ERROR: LlamaForCausalLM does not support pipeline parallelism" in proc.stdout
+
+
+STAGGERED = """
+import json
+from kernelcore.config_builder import build_config
+from kernelcore.engine.core import EngineCore
+from kernelcore.engine.request import EngineCoreRequest
+from kernelcore.core_types.sampling_params import SamplingParams
+if __name__ == "__main__":
+    core = EngineCore(build_config(model=MODEL, kv_cache_memory=1 << 24, ARGS))
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
+    tokens, logprobs = {}, {}
+
+    def collect(outputs):
+        for o in outputs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            logprobs.setdefault(o.request_id, []).extend(lp.logprobs for lp in o.new_logprobs or [])
+
+    for i, p in enumerate(PROMPTS):  # arriving one step apart: separate batches, each filling a stage
+        core.add_request(EngineCoreRequest(request_id=str(i), prompt_token_ids=p, sampling_params=params))
+        collect(core.step().outputs)
+    while core.has_unfinished_requests():
+        collect(core.step().outputs)
+    peak = core.peak_batches_in_flight
+    core.shutdown()
+    print(json.dumps([tokens, logprobs, peak]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("model", ["llama", "opt"])
+def test_pipeline_keeps_a_batch_per_stage_in_flight_and_matches_one_process(model, model_dirs):
+    from test_multinode import PROMPTS
+
+    def run(args):
+        script = STAGGERED.replace("MODEL", repr(model_dirs[model])).replace("ARGS", args)
+        return json.loads(run_python(script.replace("PROMPTS", repr(PROMPTS))).stdout.strip().splitlines()[-1])
+
+    *reference, peak_1 = run("tensor_parallel_size=1")
+    *result, peak_2 = run("pipeline_parallel_size=2")
+    assert peak_1 == 0 and peak_2 == 2  # one batch per stage in flight: stage 0 runs one while stage 1 runs another
+    assert_same(reference, result)

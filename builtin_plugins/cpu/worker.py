@@ -22,7 +22,7 @@ class CpuWorker(WorkerBase):
         super().init_device()
         num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         parallel = self.config.parallel
-        ranks_here = parallel.world_size * parallel.data_parallel_size // parallel.nnodes  # processes sharing the cores
+        ranks_here = parallel.world_size * len(parallel.data_parallel_local_ranks) // parallel.nnodes  # sharing the cores
         torch.set_num_threads(parallel.num_threads or max(1, num_cores // ranks_here))
         init_distributed(parallel.world_size, self.rank, self.distributed_init_method, "gloo",
                          tensor_parallel_size=parallel.tensor_parallel_size)

@@ -5,8 +5,6 @@ channel, or the rendezvous store. A node lost (closed, or silent for HEARTBEAT_T
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import socket
@@ -17,6 +15,7 @@ from typing import Union
 import msgspec
 
 from kernelcore.config import KernelConfig
+from kernelcore.config_fingerprint import fingerprint, mismatches
 from kernelcore.hostproc import ProcessStartError
 from kernelcore.hostproc.ipc import Channel
 from kernelcore.hostproc.tcp import accept_authenticated, connect_authenticated, interface_of, listen
@@ -45,25 +44,6 @@ class NodeReject(msgspec.Struct, tag="reject"):
 
 
 NodeMessage = Union[Heartbeat, NodeShutdown, NodeAccept, NodeReject]
-
-
-def fingerprint(config: KernelConfig) -> dict[str, str]:
-    """What must match on every host: the model's config, dtype, parallel sizes, cache geometry, platform."""
-    with open(os.path.join(config.model.model, "config.json"), "rb") as f:
-        model_hash = hashlib.sha256(f.read() + json.dumps(config.model.hf_overrides, sort_keys=True).encode())
-    p = config.parallel
-    return {"model config.json": model_hash.hexdigest()[:16], "architecture": str(config.model.architecture),
-            "dtype": config.model.dtype, "max_model_len": str(config.model.max_model_len),
-            "tensor_parallel_size": str(p.tensor_parallel_size),
-            "pipeline_parallel_size": str(p.pipeline_parallel_size),
-            "nnodes": str(p.nnodes),
-            "block_size": str(config.cache.block_size), "enable_lora": str(config.lora.enable_lora),
-            "platform": str(config.platform_plugin)}
-
-
-def mismatches(expected: dict[str, str], actual: dict[str, str], where: str) -> list[str]:
-    return [f"{key} is {actual.get(key)!r} on {where} but {value!r} on the head"
-            for key, value in expected.items() if actual.get(key) != value]
 
 
 def exchange_heartbeats(channel: Channel, stop: threading.Event, send_lock: threading.Lock) -> str:

@@ -111,8 +111,15 @@ class MultiprocExecutor(ExecutorBase):
 
         A RequestStateError on some rank (and nothing worse on any) is raised as one: that call failed alone.
         Any other worker error may leave the ranks out of step, so it is a WorkerDiedError."""
+        self._send_all(message)
+        return self._collect_all()
+
+    def _send_all(self, message: WorkerRequest) -> None:
         for rank, channel in enumerate(self.channels):
             self._send(rank, channel, message)
+
+    def _collect_all(self) -> list:
+        """The answers to the oldest call not collected yet (each rank answers its calls in order)."""
         replies = [self._reply(rank, channel) for rank, channel in enumerate(self.channels)]
         errors = [(rank, reply) for rank, reply in enumerate(replies) if reply.error is not None]
         fatal = [(rank, reply) for rank, reply in errors if not reply.is_request_error]
@@ -148,6 +155,17 @@ class MultiprocExecutor(ExecutorBase):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self._call_all(Execute(scheduler_output))[self.config.parallel.driver_rank]
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """One batch per pipeline stage in flight: stage s runs batch N while stage s+1 runs batch N-1."""
+        return self.config.parallel.pipeline_parallel_size
+
+    def submit_model(self, scheduler_output: SchedulerOutput) -> None:
+        self._send_all(Execute(scheduler_output))  # every rank queues it behind the batches it is running
+
+    def collect_model(self, handle: None) -> ModelRunnerOutput:
+        return self._collect_all()[self.config.parallel.driver_rank]
 
     def add_lora(self, lora_id: int, path: str) -> None:
         self._call_all(LoraCall(lora_id, path))

@@ -63,7 +63,9 @@ class AsyncLLM:
         self.last_stats = EngineStats()
         self.dead_error: BaseException | None = None
         self._channels: list[AsyncChannel] = []  # one per data-parallel replica (engine core)
-        self.processes: list = []
+        self.processes: list = []  # the engine-core processes of this host
+        self.replica_hosts: list[str] = []  # "local", or the address of the host running that replica
+        self.lost_replicas: dict[int, str] = {}  # remote replica -> why it was dropped
         self.router: DPRouter | None = None  # with --data-parallel-size > 1
         self.replica_of: dict[str, int] = {}
         self._tasks: list[asyncio.Task] = []
@@ -77,9 +79,10 @@ class AsyncLLM:
 
         self = cls(config, stat_loggers)
         started = await start_replicas(config)  # one engine core per data-parallel replica
-        self.processes = [r.process for r in started]
+        self.processes = [r.process for r in started if r.process is not None]
         self._channels = [r.channel for r in started]
-        self._private_dirs = [r.private_dir for r in started]
+        self.replica_hosts = [r.host for r in started]
+        self._private_dirs = [r.private_dir for r in started if r.private_dir is not None]
         self.num_blocks, self.vocab_size = started[0].info["num_blocks"], started[0].info["vocab_size"]
         if len(started) > 1:
             self.router = DPRouter(len(started), config.cache.block_size, self.stat_loggers,
@@ -95,7 +98,12 @@ class AsyncLLM:
         return self.processes[0]
 
     def _send(self, request_id: str, message) -> None:
-        self._channels[self.replica_of.get(request_id, 0)].send_nowait(message)
+        replica = self.replica_of.get(request_id, 0)
+        if replica not in self.lost_replicas:
+            self._channels[replica].send_nowait(message)
+
+    def _serving(self) -> list[int]:
+        return [r for r in range(len(self._channels)) if r not in self.lost_replicas]
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -169,15 +177,16 @@ class AsyncLLM:
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead_error}")
         loop = asyncio.get_running_loop()
-        answers = [loop.create_future() for _ in self._channels]  # every replica checks it against its model
-        for replica, answer in enumerate(answers):
+        serving = self._serving()
+        answers = {r: loop.create_future() for r in serving}  # every replica checks it against its model
+        for replica, answer in answers.items():
             self._lora_answers[(lora_id, replica)] = answer
         try:
-            for channel in self._channels:
-                await channel.send(AddLora(lora_id, name or str(lora_id), path))
-            errors = [error for error in await asyncio.gather(*answers) if error is not None]
+            for replica in serving:
+                await self._channels[replica].send(AddLora(lora_id, name or str(lora_id), path))
+            errors = [error for error in await asyncio.gather(*answers.values()) if error is not None]
         finally:
-            for replica in range(len(answers)):
+            for replica in answers:
                 self._lora_answers.pop((lora_id, replica), None)
         if errors:
             from kernelcore.lora.adapter import LoRAAdapterError
@@ -186,8 +195,8 @@ class AsyncLLM:
 
     async def remove_lora(self, lora_id: int) -> None:
         if self.dead_error is None:
-            for channel in self._channels:
-                await channel.send(RemoveLora(lora_id))
+            for replica in self._serving():
+                await self._channels[replica].send(RemoveLora(lora_id))
 
     # -- the engine's messages ------------------------------------------------------------------------------
 
@@ -204,10 +213,31 @@ class AsyncLLM:
                     if answer is not None and not answer.done():
                         answer.set_result(message.error)
                 elif isinstance(message, CoreDead):
-                    self._die(EngineDeadError(message.message))
+                    self._lose(replica, message.message)
                     return
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            self._die(EngineDeadError(f"engine core connection lost: {exc}"))
+            self._lose(replica, f"engine core connection lost: {exc}")
+
+    def _lose(self, replica: int, why: str) -> None:
+        """A replica on another host is dropped while others serve (its requests fail); else the engine is dead."""
+        host = self.replica_hosts[replica] if replica < len(self.replica_hosts) else "local"
+        if host == "local" or self.router is None or len(self._serving()) <= 1 or self.dead_error is not None:
+            self._die(EngineDeadError(why if host == "local" else f"data-parallel replica {replica} ({host}): {why}"))
+            return
+        why = f"data-parallel replica {replica} ({host}) lost: {why}"
+        logger.error("%s; the other replicas serve on", why)
+        self.lost_replicas[replica] = why
+        self.router.drop(replica)
+        self._channels[replica].close()
+        for answer_key, answer in list(self._lora_answers.items()):
+            if answer_key[1] == replica and not answer.done():
+                answer.set_result(None)  # a lost replica does not veto an adapter
+        for request_id in [rid for rid, r in self.replica_of.items() if r == replica]:
+            tracked = self.tracked.pop(request_id, None)
+            self.output_processor.abort_requests([request_id])
+            if tracked is not None:
+                tracked.queue.put_nowait(RequestError(why))
+                self._record_finished(tracked, "abort")
 
     def _on_outputs(self, message: CoreOutputs, replica: int = 0) -> None:
         now = time.monotonic()
@@ -296,9 +326,9 @@ class AsyncLLM:
     async def shutdown(self, timeout: float = 10.0) -> None:
         for task in self._tasks:
             task.cancel()
-        for channel in self._channels if not self.is_dead else []:
+        for replica in self._serving() if not self.is_dead else []:
             try:
-                await channel.send(ShutdownCore())
+                await self._channels[replica].send(ShutdownCore())
             except (ConnectionError, OSError):
                 pass
         for process in self.processes:

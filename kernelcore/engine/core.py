@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
 from kernelcore.config import KernelConfig
+from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.engine.scheduler import RequestRejected, Scheduler
@@ -26,6 +28,9 @@ class EngineCore:
         self.block_size = self.executor.block_size
         self.vocab_size = self.executor.vocab_size
         self.scheduler = Scheduler(config, self.num_blocks, self.block_size)
+        self.max_batches = getattr(self.executor, "max_concurrent_batches", 1)
+        self.batch_queue: collections.deque[SchedulerOutput] = collections.deque()  # submitted, not collected
+        self.peak_batches_in_flight = 0
         self.last_stats = EngineStats()
         logger.info("KV cache: %d blocks of %d tokens (%d tokens)", self.num_blocks, self.block_size,
                     self.num_blocks * self.block_size)
@@ -73,19 +78,51 @@ class EngineCore:
             for request_id, error in structured.pop_errors().items():
                 self.scheduler.abort_requests([request_id])
                 self.scheduler.failed[request_id] = error
-        if not self.scheduler.has_unfinished_requests() and not self.scheduler.finished_req_ids:
+        if not self.scheduler.has_unfinished_requests() and not self.scheduler.finished_req_ids \
+                and not self.batch_queue:
             errors, self.scheduler.failed = self.scheduler.failed, {}
             return EngineCoreOutputs([], self.get_stats(), time.time(), errors)
+        if self.max_batches > 1:
+            return self._step_pipelined(started)
+        scheduler_output = self._schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        return self._outputs(outputs, started)
+
+    def _schedule(self) -> SchedulerOutput:
+        structured = self.scheduler.structured
         scheduler_output = self.scheduler.schedule()
         if structured is not None:
-            if not scheduler_output.num_scheduled_tokens and structured.has_pending():
+            if not scheduler_output.num_scheduled_tokens and structured.has_pending() and not self.batch_queue:
                 structured.wait_for_compilation(timeout=0.1)  # nothing else can run: wait for a grammar
             requests = self.scheduler.requests
             sampling = [r for r in scheduler_output.num_scheduled_tokens
                         if requests[r].num_computed_tokens >= requests[r].num_tokens]
             scheduler_output.grammar_req_ids, scheduler_output.grammar_bitmask = structured.bitmask(sampling)
-        runner_output = self.executor.execute_model(scheduler_output)
+        return scheduler_output
+
+    def _step_pipelined(self, started: float) -> EngineCoreOutputs:
+        """Several batches in flight (one per pipeline stage): submit a new batch of requests not in flight
+        while the queue has room, else (or when nothing new can run) wait for the oldest and return its tokens.
+        The batches are disjoint, so each request's tokens come out exactly as with one batch at a time."""
+        if len(self.batch_queue) < self.max_batches:
+            scheduler_output = self._schedule()
+            if scheduler_output.num_scheduled_tokens or not self.batch_queue:
+                self.executor.submit_model(scheduler_output)
+                self.batch_queue.append(scheduler_output)
+                self.scheduler.in_flight.update(scheduler_output.num_scheduled_tokens)
+                self.peak_batches_in_flight = max(self.peak_batches_in_flight, len(self.batch_queue))
+                if len(self.batch_queue) < self.max_batches and scheduler_output.num_scheduled_tokens:
+                    return EngineCoreOutputs([], None, time.time(), {})  # the next step fills the next stage
+            else:  # nothing new: the finished ids go to the workers with the next batch
+                self.scheduler.finished_req_ids[:0] = scheduler_output.finished_req_ids
+        scheduler_output = self.batch_queue.popleft()
+        self.scheduler.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
+        runner_output = self.executor.collect_model(None)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        return self._outputs(outputs, started)
+
+    def _outputs(self, outputs: list, started: float) -> EngineCoreOutputs:
         errors, self.scheduler.failed = self.scheduler.failed, {}
         stats = self.scheduler.make_stats()
         stats.timestamp, stats.step_time = time.time(), time.perf_counter() - started
@@ -93,7 +130,7 @@ class EngineCore:
         return EngineCoreOutputs(outputs, stats, stats.timestamp, errors)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def get_stats(self) -> EngineStats:
         kv = self.scheduler.kv

@@ -103,6 +103,11 @@ class EngineCoreLoop:
         else:
             self.is_running = False
 
+    def info(self) -> dict:
+        """What the front end needs to know of this core (its ready report)."""
+        return {"num_blocks": self.core.num_blocks, "block_size": self.core.block_size,
+                "vocab_size": self.core.vocab_size}
+
     def has_work(self) -> bool:
         return self.core.has_unfinished_requests() or bool(self.core.scheduler.finished_req_ids)
 
@@ -142,8 +147,12 @@ def run_engine_core(config: KernelConfig, socket_path: str) -> None:
     channel = Channel.connect(socket_path, ToCore)
     loop = EngineCoreLoop(config, channel)
     envs.freeze()
-    hostproc.report_ready({"num_blocks": loop.core.num_blocks, "block_size": loop.core.block_size,
-                           "vocab_size": loop.core.vocab_size})
+    hostproc.report_ready(loop.info())
+    serve(loop)
+
+
+def serve(loop: EngineCoreLoop) -> None:
+    """Run the loop until the front end shuts it down or closes the channel; tell it why if the engine fails."""
     try:
         loop.run()
     except ConnectionError:
@@ -151,7 +160,7 @@ def run_engine_core(config: KernelConfig, socket_path: str) -> None:
     except Exception as exc:
         logger.exception("engine core failed")
         try:
-            channel.send(CoreDead(f"{type(exc).__name__}: {exc}"))
+            loop.channel.send(CoreDead(f"{type(exc).__name__}: {exc}"))
         except OSError:
             pass
         raise

@@ -21,10 +21,11 @@ from kernelcore.metrics.stats import EngineStats
 
 @dataclasses.dataclass
 class Replica:
-    process: Any
+    process: Any  # None for a replica on another host (its own host supervises it)
     channel: Any
     info: dict
-    private_dir: str
+    private_dir: str | None
+    host: str = "local"
 
 
 async def _start_one(config: KernelConfig) -> Replica:
@@ -40,21 +41,42 @@ async def _start_one(config: KernelConfig) -> Replica:
     return Replica(process, await AsyncChannel.from_socket(sock, FromCore), info, os.path.dirname(listener.path))
 
 
+async def _join_remote(config: KernelConfig) -> list[Replica]:
+    from kernelcore import envs
+    from kernelcore.engine.core_proc import FromCore
+    from kernelcore.engine.dp_remote import ReplicaPort
+    from kernelcore.hostproc.ipc import AsyncChannel
+
+    port = ReplicaPort(config)
+    try:
+        joined = await port.wait(envs.KC_READY_TIMEOUT)
+    finally:
+        port.close()
+    return [Replica(None, await AsyncChannel.from_socket(sock, FromCore), info, None, host)
+            for _, (sock, info, host) in sorted(joined.items())]
+
+
 async def start_replicas(config: KernelConfig) -> list[Replica]:
-    """One engine core per data-parallel replica, started together; all of them, or none (the others stopped)."""
-    size = config.parallel.data_parallel_size
-    configs = [config] if size == 1 else [
-        dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, data_parallel_rank=r))
-        for r in range(size)]
-    results = await asyncio.gather(*(_start_one(c) for c in configs), return_exceptions=True)
+    """One engine core per data-parallel replica, in rank order: this host's started here, the other hosts'
+    joined over the authenticated port; all of them, or none (the others stopped)."""
+    p = config.parallel
+    local = list(p.data_parallel_local_ranks)
+    configs = [config] if p.data_parallel_size == 1 else [
+        dataclasses.replace(config, parallel=dataclasses.replace(p, data_parallel_rank=r)) for r in local]
+    starts = [_start_one(c) for c in configs]
+    if len(local) < p.data_parallel_size:
+        starts.append(_join_remote(config))
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    replicas = [r for result in results if not isinstance(result, BaseException)
+                for r in (result if isinstance(result, list) else [result])]
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
-        for r in results:
-            if isinstance(r, Replica):
-                r.channel.close()
+        for r in replicas:
+            r.channel.close()
+            if r.process is not None:
                 r.process.terminate()
         raise errors[0]
-    return [r for r in results if isinstance(r, Replica)]
+    return replicas
 
 
 class DPRouter:
@@ -62,6 +84,7 @@ class DPRouter:
                  slack: int = 2, max_prefixes: int = 1 << 16) -> None:
         self.num_replicas, self.block_size, self.slack = num_replicas, block_size, slack
         self.load = [0] * num_replicas
+        self.alive = [True] * num_replicas  # a replica lost on another host is dropped, the others serve on
         self.prefixes: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self.max_prefixes = max_prefixes
         self.latest = [EngineStats() for _ in range(num_replicas)]
@@ -83,15 +106,19 @@ class DPRouter:
 
         routed = prom.Counter(f"{prefix}:dp_routed_requests", "Requests routed to each data-parallel replica, by why.",
                               [*labels, "reason"], registry=registry)
-        return {
+        metrics = {
             "routed": {(r, why): routed.labels(model_name=model_name, replica=str(r), reason=why)
                        for r in range(self.num_replicas) for why in ("prefix", "load")},
             "running": series(prom.Gauge, "dp_num_requests_running", "Requests running, per replica."),
             "waiting": series(prom.Gauge, "dp_num_requests_waiting", "Requests waiting, per replica."),
             "kv": series(prom.Gauge, "dp_kv_cache_usage_perc", "KV-cache use (0..1), per replica."),
             "hits": series(prom.Counter, "dp_prefix_cache_hits", "Prompt tokens found in the cache, per replica."),
+            "up": series(prom.Gauge, "dp_replica_up", "1 while the replica serves, 0 once it was lost."),
             "queries": series(prom.Counter, "dp_prefix_cache_queries", "Prompt tokens looked up, per replica."),
         }
+        for gauge in metrics["up"]:
+            gauge.set(1)
+        return metrics
 
     def record(self, replica: int, stats: EngineStats) -> EngineStats:
         """Label one replica's step and return it with the engine-wide gauges (sums, mean KV use)."""
@@ -105,7 +132,7 @@ class DPRouter:
             m["queries"][replica].inc(stats.num_prefix_cache_queries)
         return dataclasses.replace(stats, num_running=sum(s.num_running for s in self.latest),
                                    num_waiting=sum(s.num_waiting for s in self.latest),
-                                   kv_cache_usage=sum(s.kv_cache_usage for s in self.latest) / self.num_replicas)
+                                   kv_cache_usage=sum(s.kv_cache_usage for s in self.latest) / max(1, sum(self.alive)))
 
     def _prefix_keys(self, token_ids: list[int]) -> list[bytes]:
         """Hashes of every block-aligned prefix, shortest first."""
@@ -115,13 +142,22 @@ class DPRouter:
             keys.append(h.copy().digest())
         return keys
 
+    def drop(self, replica: int) -> None:
+        """Route nothing more to ``replica`` (lost); its share of the gauges goes to zero."""
+        self.alive[replica] = False
+        self.latest[replica] = EngineStats()
+        if self.metrics is not None:
+            for name in ("up", "running", "waiting", "kv"):
+                self.metrics[name][replica].set(0)
+
     def choose(self, token_ids: list[int]) -> int:
         keys = self._prefix_keys(token_ids)
-        least = min(range(self.num_replicas), key=lambda r: (self.load[r], r))
+        serving = [r for r in range(self.num_replicas) if self.alive[r]]
+        least = min(serving, key=lambda r: (self.load[r], r))
         replica, reason = least, "load"
         for key in reversed(keys):
             owner = self.prefixes.get(key)
-            if owner is not None:
+            if owner is not None and self.alive[owner]:
                 if self.load[owner] <= self.load[least] + self.slack:
                     replica, reason = owner, "prefix"
                 break

@@ -38,6 +38,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: list[str] = []  # to tell the workers at the next step
         self.failed: dict[str, str] = {}  # failed alone since the engine last collected them: id -> message
+        # requests in a batch whose output has not come back (pipeline parallelism keeps several batches in
+        # flight): not scheduled again, and never preempted, until it has
+        self.in_flight: set[str] = set()
         self.num_preemptions_total = 0
         self._step_stats = EngineStats()
         self.structured: StructuredOutputManager | None = None  # once a constrained request arrived
@@ -128,11 +131,17 @@ class Scheduler:
         scheduled: list[Request] = []
 
         # Running requests first, in arrival order; the newest are preempted when blocks run out.
-        i = 0
+        i, is_short = 0, False
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if request.request_id in self.in_flight:
+                i += 1
+                continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while not self.kv.allocate_slots(request, num_new):
+                if self.running[-1].request_id in self.in_flight:  # blocks come back when its batch does
+                    is_short = True  # no waiting request is admitted this step either
+                    break
                 victim = self.running.pop()
                 self._preempt(victim)
                 if victim is request:
@@ -148,7 +157,8 @@ class Scheduler:
         # Then waiting requests (FCFS), unless this step had to preempt; at most max_loras adapters run at once.
         running_loras = {r.lora_id for r in self.running} - {0}
         skipped: list[Request] = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not stats.num_preemptions:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not stats.num_preemptions \
+                and not is_short:
             request = self.waiting[0]
             if request.lora_id and request.lora_id not in running_loras and len(running_loras) >= self.max_loras:
                 skipped.append(self.waiting.popleft())  # waits for an adapter slot; later requests may go first

@@ -70,6 +70,16 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--data-parallel-size", "-dp", env="KC_DATA_PARALLEL_SIZE", type=click.IntRange(min=1), default=None,
       show_default=False, help="Engine replicas behind this API (each with its own -tp x -pp workers), requests "
       "balanced by load with prefix affinity [default: 1].")
+@_opt("--data-parallel-size-local", "-dpl", env="KC_DATA_PARALLEL_SIZE_LOCAL", type=click.IntRange(min=1), default=None,
+      show_default=False, help="Replicas on this host; the others run on hosts started with --headless "
+      "[default: all of --data-parallel-size].")
+@_opt("--data-parallel-start-rank", "-dpr", env="KC_DATA_PARALLEL_START_RANK", type=click.IntRange(min=0), default=0,
+      help="With --headless: the first data-parallel rank this host runs (the head runs 0..local-1).")
+@_opt("--data-parallel-address", "-dpa", env="KC_DATA_PARALLEL_ADDRESS", default=None, show_default=False,
+      help="With replicas on other hosts: the head's address; the head binds its data-parallel port to it (only "
+      "to it) and the headless hosts' replicas connect there (authenticated with --cluster-secret).")
+@_opt("--data-parallel-rpc-port", "-dpp", env="KC_DATA_PARALLEL_RPC_PORT", type=click.IntRange(1, 65535),
+      default=29560, help="With replicas on other hosts: the head's data-parallel port (engine-core control).")
 @_opt("--distributed-executor-backend", env="KC_DISTRIBUTED_EXECUTOR_BACKEND", default=None, show_default=False,
       help="Executor backend a plugin registered (built-in: uni, mp) [default: uni for one rank, else mp].")
 @_opt("--nnodes", env="KC_NNODES", type=click.IntRange(min=1), default=1, help="Hosts this engine spans.")
@@ -167,6 +177,8 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Serve the web console (chat playground and operator console) at / and its JSON endpoints.")
 def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int | None,
               pipeline_parallel_size: int | None, data_parallel_size: int | None,
+              data_parallel_size_local: int | None, data_parallel_start_rank: int, data_parallel_address: str | None,
+              data_parallel_rpc_port: int,
               distributed_executor_backend: str | None, nnodes: int, node_rank: int, master_addr: str | None,
               master_port: int, cluster_secret: str | None, headless: bool, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
@@ -207,8 +219,13 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
                                  param_hint="--metrics-prefix")
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         logger.warning("Binding %s without --api-key: anyone who can reach this port can use the model", host)
+    dp_remote = data_parallel_size_local is not None and data_parallel_size_local < (data_parallel_size or 1)
     _check_topology(nnodes, node_rank, master_addr, cluster_secret, headless, distributed_executor_backend,
-                    data_parallel_size or 1)
+                    data_parallel_size or 1, dp_remote, data_parallel_address, data_parallel_start_rank)
+    if headless:  # named before the config is built, so its plugin trace shows it as the node it is
+        from kernelcore.hostproc import set_role
+
+        set_role(f"dp-host-{data_parallel_start_rank}" if dp_remote else f"node-{node_rank}")
     click.echo(f"Starting kernelcore for {model or 'the embedded default model'} (platform, plugins, config)...",
                err=True)
     config = build_config(
@@ -223,7 +240,16 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
         distributed_executor_backend=distributed_executor_backend, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
-        cluster_secret=cluster_secret if nnodes > 1 else None, structured_outputs_backend=structured_outputs_backend)
+        cluster_secret=cluster_secret if nnodes > 1 or dp_remote else None,
+        data_parallel_size_local=data_parallel_size_local if dp_remote else None,
+        data_parallel_start_rank=data_parallel_start_rank if dp_remote else None,
+        data_parallel_address=data_parallel_address if dp_remote else None,
+        data_parallel_rpc_port=data_parallel_rpc_port if dp_remote else None,
+        structured_outputs_backend=structured_outputs_backend)
+    if headless and dp_remote:
+        from kernelcore.engine.dp_remote import run_dp_headless
+
+        sys.exit(run_dp_headless(config))
     if headless:
         from kernelcore.executor.registry import get_executor_cls
 
@@ -266,10 +292,8 @@ setattr(serve_cmd, "kc_engine_args", True)  # KcGroup lets the platform extend i
 
 
 def _check_topology(nnodes: int, node_rank: int, master_addr: str | None, cluster_secret: str | None,
-                    headless: bool, backend: str | None, data_parallel_size: int) -> None:
-    if data_parallel_size > 1 and nnodes > 1:
-        raise click.BadParameter("data parallelism spans one host for now (each replica may not span --nnodes)",
-                                 param_hint="--data-parallel-size")
+                    headless: bool, backend: str | None, data_parallel_size: int, dp_remote: bool = False,
+                    dp_address: str | None = None, dp_start_rank: int = 0) -> None:
     if backend is not None:
         from kernelcore.executor.registry import UnknownExecutorError, build_registry
 
@@ -277,6 +301,20 @@ def _check_topology(nnodes: int, node_rank: int, master_addr: str | None, cluste
             build_registry().get_backend(backend)
         except UnknownExecutorError as exc:
             raise click.BadParameter(str(exc), param_hint="--distributed-executor-backend") from None
+    if data_parallel_size > 1 and nnodes > 1:
+        raise click.BadParameter("a data-parallel replica spans one host (spread replicas over hosts with "
+                                 "--data-parallel-size-local and --headless instead)", param_hint="--data-parallel-size")
+    if dp_remote:
+        if not dp_address:
+            raise click.BadParameter("replicas on other hosts need the head's address",
+                                     param_hint="--data-parallel-address")
+        if not cluster_secret:
+            raise click.BadParameter("replicas on other hosts need a shared secret (or KC_CLUSTER_SECRET): their "
+                                     "connections are refused without it", param_hint="--cluster-secret")
+        if headless != (dp_start_rank > 0):
+            raise click.BadParameter("hosts with --data-parallel-start-rank > 0 run --headless; the head (rank 0) "
+                                     "runs the API", param_hint="--headless")
+        return
     if node_rank >= nnodes:
         raise click.BadParameter(f"--node-rank {node_rank} must be below --nnodes {nnodes}", param_hint="--node-rank")
     if nnodes > 1:

@@ -6,6 +6,8 @@ process and drives every worker of one engine (all its tensor-parallel ranks, on
 
 from __future__ import annotations
 
+from typing import Any
+
 from kernelcore.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput
 from kernelcore.core_types.scheduler_output import SchedulerOutput
@@ -32,6 +34,20 @@ class ExecutorBase:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         raise NotImplementedError
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Batches the engine core may keep in flight (> 1: it calls submit_model/collect_model instead of
+        execute_model, and collects in submission order)."""
+        return 1
+
+    def submit_model(self, scheduler_output: SchedulerOutput) -> Any:
+        """Start a batch without waiting for it; returns what collect_model takes."""
+        return self.execute_model(scheduler_output)
+
+    def collect_model(self, handle: Any) -> ModelRunnerOutput:
+        """The output of the oldest submitted batch."""
+        return handle
 
     def add_lora(self, lora_id: int, path: str) -> None:
         raise NotImplementedError

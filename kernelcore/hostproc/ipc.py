@@ -141,6 +141,11 @@ def _frame(payload: bytes) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
+def send_frame(sock: socket.socket, message: Any) -> None:
+    """One message in the channel's framing, on a socket not (yet) wrapped in a channel."""
+    sock.sendall(_frame(msgspec.msgpack.encode(message)))
+
+
 class Listener:
     """A unix-domain listening socket in a private directory."""
 
@@ -179,7 +184,10 @@ class AsyncChannel:
 
     @classmethod
     async def from_socket(cls, sock: socket.socket, decode_type: Any) -> "AsyncChannel":
-        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_FRAME)
+        if sock.family == socket.AF_UNIX:
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_FRAME)
+        else:  # an authenticated TCP connection from another host (same frames)
+            reader, writer = await asyncio.open_connection(sock=sock, limit=MAX_FRAME)
         return cls(reader, writer, decode_type)
 
     def send_nowait(self, message: Any) -> None:

@@ -148,6 +148,19 @@ def connect_authenticated(address: str, port: int, secret: str, hello: dict[str,
     return sock
 
 
+def set_keepalive(sock: socket.socket, idle: float = 2.0, interval: float = 1.0, count: int = 5,
+                  user_timeout: float = 10.0) -> None:
+    """Let the kernel notice a peer host that vanished (link down, powered off) while the connection is idle
+    (keepalive probes) or busy (unacknowledged data for ``user_timeout``): reads then fail, in about 10 s.
+    The probes are answered by the peer's kernel, so a long engine step is never mistaken for a lost host."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), max(1, int(value)))
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(user_timeout * 1000))
+
+
 def interface_of(ip: str) -> str | None:
     """The network interface holding ``ip`` (for GLOO_SOCKET_IFNAME), or None."""
     import psutil
