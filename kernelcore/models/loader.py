@@ -166,12 +166,20 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
     model_cls = model_registry.get_model_cls(architecture)
     if config.parallel.pipeline_parallel_size > 1 and not getattr(model_cls, "supports_pipeline_parallel", False):
         raise ValueError(f"{architecture} does not support pipeline parallelism (supports_pipeline_parallel)")
-    if not is_dummy:
+    from kernelcore.models import gguf_checkpoint
+
+    is_gguf = gguf_checkpoint.is_gguf(config.model.model)
+    if not is_dummy and not is_gguf:
         weight_files(config.model.model)  # fail on missing weights before building anything
     with set_current_config(config), default_dtype(get_dtype(config.model.dtype)):
         model = model_cls(config, prefix="")
         if is_dummy:
             init_dummy_weights(model)
+        elif is_gguf:
+            from kernelcore.config_builder import load_hf_config
+
+            gguf_checkpoint.record_types(model)
+            model.load_weights(gguf_checkpoint.iterate_weights(config.model.model, load_hf_config(config.model)))
         else:
             model.load_weights(iterate_weights(config.model.model))
         process_weights_after_loading(model)
