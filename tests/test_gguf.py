@@ -87,21 +87,26 @@ def test_f32_gguf_logits_equal_the_hf_checkpoint(files, arch):
     llm.shutdown()
 
 
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["llama-Q8_0", "llama-Q4_0", "qwen2-Q8_0"])
-def test_quantized_gguf_matches_the_dequantized_file_repacked_to_int8(files, name, tp):
+def test_quantized_gguf_matches_the_dequantized_file_repacked_to_int8(files, name):
     """Q8_0/Q4_0 layers become per-channel int8 weights (the int8 method): exactly transformers on the same file,
-    dequantized, with that repacking; TP=2 quantizes like TP=1."""
-    if tp == 2 and name != "llama-Q8_0":
-        pytest.skip("TP=2 runs on the Llama Q8_0 file")
+    dequantized, with that repacking."""
     prompts = [prompt(9, 3), prompt(30, 4)]
-    llm, outputs = run(files[name], prompts, tensor_parallel_size=tp)
-    if tp == 1:
-        model = llm.engine_core.executor.worker.model_runner.model
-        assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.int8
-        assert model.lm_head.weight.dtype == torch.int8
-        assert model.model.embed_tokens.weight.dtype == torch.float32  # embeddings are dequantized
+    llm, outputs = run(files[name], prompts)
+    model = llm.engine_core.executor.worker.model_runner.model
+    assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.int8
+    assert model.lm_head.weight.dtype == torch.int8
+    assert model.model.embed_tokens.weight.dtype == torch.float32  # embeddings are dequantized
     check_exact(outputs, prompts, reference(files[name], repacked=True))
+    llm.shutdown()
+
+
+@pytest.mark.slow
+def test_tensor_parallel_on_a_q8_0_file(files):
+    """TP=2: each rank dequantizes, shards, and quantizes its rows exactly as one rank does."""
+    prompts = [prompt(9, 3), prompt(30, 4)]
+    llm, outputs = run(files["llama-Q8_0"], prompts, tensor_parallel_size=2)
+    check_exact(outputs, prompts, reference(files["llama-Q8_0"], repacked=True))
     llm.shutdown()
 
 
@@ -180,3 +185,38 @@ def test_kc_serve_a_q8_0_file_with_the_openai_client(files):
     assert completion.usage.completion_tokens == 8
     assert by_text.usage.prompt_tokens == len(tokenizer("w17 w300")["input_ids"])  # the embedded vocabulary
     assert completion.choices[0].text == tokenizer.decode(prompt_ids + generated, skip_special_tokens=True)[len(prompt_text):]
+
+
+def vendored_converter() -> str | None:
+    """llama.cpp's convert_hf_to_gguf.py from an unpacked llama-cpp-python sdist, when one is at hand
+    (KC_LLAMACPP_SRC, or benchmarks/llamacpp_build.py's cache); CI has none and skips."""
+    import glob
+
+    roots = [os.environ.get("KC_LLAMACPP_SRC", "")]
+    roots += glob.glob(os.path.join(os.environ.get("KC_CACHE_DIR", ""), "llamacpp", "llama_cpp_python-*", "vendor",
+                                    "llama.cpp"))
+    return next((r for r in roots if r and os.path.isfile(os.path.join(r, "convert_hf_to_gguf.py"))), None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vendored_converter() is None, reason="no llama.cpp source (KC_LLAMACPP_SRC) to convert with")
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_files_made_by_llama_cpps_converter(tmp_path, arch):
+    """The real converter's f32 and q8_0 output: the same checks as the files written here."""
+    import subprocess
+    import sys
+
+    src = vendored_converter()
+    checkpoint = make_checkpoint(arch, str(tmp_path / arch), sliding_window=None) if arch == "mistral" \
+        else make_llama_checkpoint(str(tmp_path / arch))
+    add_tokenizer(checkpoint, 320)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(src, "gguf-py"), src]))
+    prompts = [prompt(9, 3), prompt(30, 4)]
+    for outtype in ("f32", "q8_0"):
+        out = str(tmp_path / arch / f"model-{outtype}.gguf")
+        subprocess.run([sys.executable, os.path.join(src, "convert_hf_to_gguf.py"), checkpoint, "--outtype", outtype,
+                        "--outfile", out], check=True, env=env, capture_output=True)
+        llm, outputs = run(out, prompts)
+        check_exact(outputs, prompts, reference(checkpoint) if outtype == "f32" else reference(out, repacked=True),
+                    abs_tol=1e-4 if outtype == "f32" else 5e-4)
+        llm.shutdown()
