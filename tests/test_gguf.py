@@ -110,7 +110,7 @@ def test_tensor_parallel_on_a_q8_0_file(files):
     llm.shutdown()
 
 
-# Over 254 positions of random prompts (measured here: Q8_0 mean KL 1.4e-4, Q4_0 ..., top-1 ...).
+# Over 252 positions of random prompts (measured: Q8_0 mean KL 6.4e-5, top-1 96.8%; Q4_0 1.1e-4, 95.6%).
 QUALITY_BOUNDS = {"llama-Q8_0": (1e-3, 0.9), "llama-Q4_0": (1e-3, 0.9)}
 
 
