@@ -2,9 +2,13 @@
 
     python benchmarks/quant_quality.py                         # Llama-125M shape, 4 x 128 positions
     python benchmarks/quant_quality.py --shape opt --num-seqs 8
+    python benchmarks/quant_quality.py --gguf                  # + GGUF Q8_0/Q4_0 files of the same checkpoint
 
 Every position of random prompts gets logits (one prefill each, logits for all rows); the table gives, per
 variant, mean and max KL(p_fp32 || p_variant) in nats and the share of positions whose argmax agrees.
+With ``--gguf`` the checkpoint is also written as Q8_0 and Q4_0 GGUF files (gguf.GGUFWriter, llama.cpp's layout,
+tests/gguf_helpers.py) and served as files are by default (Q8_0/Q4_0 layers repacked to per-channel int8) and
+dequantized (``--quantization none``, the file's exact values); "repacking" rows compare those two.
 The checkpoint has random weights (std 0.02, transformers' init), so figures are a property of the
 rounding, not of a trained model's sensitivity.
 """
@@ -50,7 +54,8 @@ def divergence(ref: torch.Tensor, logits: torch.Tensor) -> dict:
 @click.option("--num-seqs", type=int, default=4, show_default=True)
 @click.option("--seq-len", type=int, default=128, show_default=True)
 @click.option("--checkpoint-dir", type=click.Path(), default=None)
-def main(shape, num_seqs, seq_len, checkpoint_dir):
+@click.option("--gguf", is_flag=True, help="Also GGUF Q8_0/Q4_0 files of the checkpoint (Llama shape only).")
+def main(shape, num_seqs, seq_len, checkpoint_dir, gguf):
     """KL divergence and top-1 agreement of int8/bf16 vs fp32, same prompts."""
     path = build_checkpoint(shape, checkpoint_dir or tempfile.mkdtemp(prefix="kc-quality-"))
     g = torch.Generator().manual_seed(0)
@@ -61,6 +66,20 @@ def main(shape, num_seqs, seq_len, checkpoint_dir):
     for name, (dtype, quantization) in VARIANTS.items():
         d = divergence(ref, full_logits(path, dtype, quantization, seqs))
         click.echo(f"| {name} | {d['kl_mean']:.2e} | {d['kl_max']:.2e} | {d['top1']:.1%} |")
+    if gguf:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        from gguf_helpers import write_gguf
+
+        for qtype in ("Q8_0", "Q4_0"):
+            file = os.path.join(path, f"model-{qtype}.gguf")
+            if not os.path.isfile(file):
+                write_gguf(path, file, qtype, with_vocab=False)
+            exact = full_logits(file, "float32", "none", seqs)
+            repacked = full_logits(file, "float32", None, seqs)
+            for name, (a, b) in {f"gguf {qtype} dequantized": (ref, exact), f"gguf {qtype} as int8": (ref, repacked),
+                                 f"repacking ({qtype} as int8 vs {qtype})": (exact, repacked)}.items():
+                d = divergence(a, b)
+                click.echo(f"| {name} | {d['kl_mean']:.2e} | {d['kl_max']:.2e} | {d['top1']:.1%} |")
 
 
 if __name__ == "__main__":

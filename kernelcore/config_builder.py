@@ -24,6 +24,13 @@ logger = logging.getLogger("kernelcore.config")
 def _load_hf_config_cached(model_path: str, overrides_json: str):
     from transformers import AutoConfig
 
+    from kernelcore.models import gguf_checkpoint
+
+    if gguf_checkpoint.is_gguf(model_path):
+        hf_config = gguf_checkpoint.hf_config(model_path)
+        for key, value in json.loads(overrides_json).items():
+            setattr(hf_config, key, value)
+        return hf_config
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model directory {model_path!r} does not exist (kernelcore loads local HF checkpoints only)")
     if not os.path.isfile(os.path.join(model_path, "config.json")):
@@ -37,6 +44,21 @@ def _load_hf_config_cached(model_path: str, overrides_json: str):
 def load_hf_config(model: ModelConfig):
     """The model's transformers config with ``hf_overrides`` applied (cached per process)."""
     return _load_hf_config_cached(model.model, json.dumps(model.hf_overrides, sort_keys=True))
+
+
+def _check_gguf(model: ModelConfig) -> None:
+    """A GGUF file: its tensors' types must each have a registered ``gguf_<type>`` method (refused by name
+    otherwise, before any process starts); ``--quantization`` defaults to ``gguf`` (each layer as stored)."""
+    from kernelcore.models import gguf_checkpoint
+    from kernelcore.quantization import get_quantization_registry
+
+    if not gguf_checkpoint.is_gguf(model.model):
+        return
+    registry = get_quantization_registry()
+    gguf_checkpoint.check_tensor_types(model.model, registry.names())
+    if model.quantization is None:
+        model.quantization = gguf_checkpoint.QUANTIZATION
+        registry.get(model.quantization)
 
 
 _SECTIONS = (("model", ModelConfig), ("cache", CacheConfig), ("parallel", ParallelConfig),
@@ -105,6 +127,7 @@ def build_config(**kwargs: Any) -> KernelConfig:
         model.model = ensure_default_model()
         logger.warning(describe(model.model))
     model.model = os.path.abspath(os.path.expanduser(model.model))
+    _check_gguf(model)
     hf_config = load_hf_config(model)
     architectures = list(getattr(hf_config, "architectures", None) or [])
     model.architecture, model_cls = model_registry.resolve(architectures)

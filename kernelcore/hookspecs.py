@@ -259,6 +259,12 @@ def register_quantization_methods(registry: QuantizationRegistry) -> None:
     with oneDNN-prepacked weights and for ``"int8"`` with an int8 matmul).
     Registering a name another plugin owns without ``override`` raises.
 
+    GGUF tensor types are methods too: a ``.gguf`` model loads only if every
+    tensor's type ``T`` has a method named ``gguf_<t>`` (``gguf_q8_0``; built
+    in: F32, F16, BF16, Q8_0, Q4_0); another type is refused at start-up naming
+    it and the tensor. Such a method receives the layer's weight dequantized to
+    float by ``gguf.quants`` and the types it was stored in (``layer.gguf_types``).
+
     :param registry: the process's :class:`~kernelcore.quantization.QuantizationRegistry`.
 
     Not first-result: every implementation is called, the platform's last.

@@ -10,7 +10,12 @@ from typing import Any
 def get_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    from kernelcore.models import gguf_checkpoint
+
+    if gguf_checkpoint.is_gguf(path):  # the vocabulary embedded in the file
+        tokenizer = gguf_checkpoint.tokenizer(path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     # kernelcore checks every prompt against max_model_len itself (a clear 400); transformers' "Token indices
     # sequence length is longer than the specified maximum" warning would be false here. This is the flag
     # transformers sets once it has warned, so it stays quiet without touching any logger.
@@ -75,6 +80,16 @@ def try_get_tokenizer(path: str | None, required: bool = False):
     import os
 
     if path is None:  # a config not built by build_config (which always sets model.model)
+        return None
+    from kernelcore.models import gguf_checkpoint
+
+    if gguf_checkpoint.is_gguf(path) and "tokenizer.ggml.model" not in gguf_checkpoint.reader(path).fields:
+        if required:
+            raise TokenizerError(f"{path} embeds no vocabulary: pass --tokenizer DIR (Hugging Face tokenizer files), "
+                                 "or --skip-tokenizer-init to serve token-id prompts only.")
+        logging.getLogger("kernelcore.engine").warning(
+            "%s embeds no vocabulary and no --tokenizer was given: only token-id prompts work and outputs have no "
+            "text", path)
         return None
     found = tokenizer_files(path) if os.path.isdir(path) else []
     if os.path.isdir(path) and not found:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -103,7 +104,10 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Weight and activation dtype [default: the platform's; float32 on CPU, where 'auto' picks bfloat16 "
            "if the CPU has native bf16].")
 @_opt("--quantization", "-q", env="KC_QUANTIZATION", default=None, show_default=False,
-      help="Quantize the weights at load: a method a plugin registered (built in: int8, weight-only per-channel).")
+      help="Quantize the weights at load: a method a plugin registered (built in: int8, weight-only per-channel; "
+           "gguf, each layer as a .gguf file stores it, the default for one; none: a .gguf file dequantized).")
+@_opt("--tokenizer", env="KC_TOKENIZER", default=None, show_default=False,
+      help="Tokenizer directory (Hugging Face files) [default: the model's own; a .gguf file's embedded vocabulary].")
 @_opt("--num-threads", env="KC_NUM_THREADS", type=int, default=None, show_default=False,
       help="Compute threads per worker [default: the CPU cores divided among the ranks].")
 @_opt("--skip-tokenizer-init", env="KC_SKIP_TOKENIZER_INIT", is_flag=True, default=False,
@@ -182,8 +186,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               distributed_executor_backend: str | None, nnodes: int, node_rank: int, master_addr: str | None,
               master_port: int, cluster_secret: str | None, headless: bool, max_model_len: int | None,
               block_size: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
-              kv_cache_memory: str | None, dtype: str | None, quantization: str | None, num_threads: int | None,
-              hf_overrides: dict | None, skip_tokenizer_init: bool, chat_template: str | None,
+              kv_cache_memory: str | None, dtype: str | None, quantization: str | None, tokenizer: str | None,
+              num_threads: int | None, hf_overrides: dict | None, skip_tokenizer_init: bool, chat_template: str | None,
               trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
               response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None, enforce_eager: bool,
@@ -195,7 +199,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               structured_outputs_backend: str, enable_auto_tool_choice: bool, tool_call_parser: str | None,
               reasoning_parser: str | None, shutdown_timeout: float, default_max_tokens: int | None,
               metrics_prefix: str, web_console: bool, **platform_options: Any) -> None:
-    """Serve MODEL (a local Hugging Face checkpoint directory; default: the embedded demo model) over an
+    """Serve MODEL (a local Hugging Face checkpoint directory or a .gguf file; default: the embedded demo model) over an
     OpenAI-compatible HTTP API. Platform plugins may add options of their own.
     """
     from kernelcore.config_builder import build_config
@@ -228,24 +232,30 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         set_role(f"dp-host-{data_parallel_start_rank}" if dp_remote else f"node-{node_rank}")
     click.echo(f"Starting kernelcore for {model or 'the embedded default model'} (platform, plugins, config)...",
                err=True)
-    config = build_config(
-        model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
-        quantization=quantization, num_threads=num_threads, hf_overrides=hf_overrides,
-        skip_tokenizer_init=skip_tokenizer_init or None,
-        tensor_parallel_size=tensor_parallel_size, seed=seed,
-        enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
-        plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
-        max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, enforce_eager=enforce_eager or None,
-        pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
-        distributed_executor_backend=distributed_executor_backend, nnodes=nnodes, node_rank=node_rank,
-        master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
-        cluster_secret=cluster_secret if nnodes > 1 or dp_remote else None,
-        data_parallel_size_local=data_parallel_size_local if dp_remote else None,
-        data_parallel_start_rank=data_parallel_start_rank if dp_remote else None,
-        data_parallel_address=data_parallel_address if dp_remote else None,
-        data_parallel_rpc_port=data_parallel_rpc_port if dp_remote else None,
-        structured_outputs_backend=structured_outputs_backend)
+    from kernelcore.models.gguf_checkpoint import GGUFError
+
+    try:
+        config = build_config(
+            model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory),
+            quantization=quantization, num_threads=num_threads, hf_overrides=hf_overrides,
+            skip_tokenizer_init=skip_tokenizer_init or None,
+            tensor_parallel_size=tensor_parallel_size, seed=seed,
+            enable_prefix_caching=enable_prefix_caching, served_model_name=served_model_name, chat_template=template,
+            plugin_options=platform_options, enable_lora=enable_lora or None, max_loras=max_loras,
+            max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras, enforce_eager=enforce_eager or None,
+            pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
+            distributed_executor_backend=distributed_executor_backend, nnodes=nnodes, node_rank=node_rank,
+            master_addr=master_addr if nnodes > 1 else None, master_port=master_port if nnodes > 1 else None,
+            cluster_secret=cluster_secret if nnodes > 1 or dp_remote else None,
+            data_parallel_size_local=data_parallel_size_local if dp_remote else None,
+            data_parallel_start_rank=data_parallel_start_rank if dp_remote else None,
+            data_parallel_address=data_parallel_address if dp_remote else None,
+            data_parallel_rpc_port=data_parallel_rpc_port if dp_remote else None,
+            structured_outputs_backend=structured_outputs_backend,
+            tokenizer=os.path.abspath(tokenizer) if tokenizer else None)
+    except GGUFError as exc:  # e.g. a tensor type no quantization method loads: refused before anything starts
+        raise click.ClickException(str(exc)) from None
     if headless and dp_remote:
         from kernelcore.engine.dp_remote import run_dp_headless
 

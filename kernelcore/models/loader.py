@@ -171,12 +171,20 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
     model_dir = config.model.model
     if model_dir is None:
         raise ValueError("config.model.model is not set (build_config sets it)")
-    if not is_dummy:
+    from kernelcore.models import gguf_checkpoint
+
+    is_gguf = gguf_checkpoint.is_gguf(model_dir)
+    if not is_dummy and not is_gguf:
         weight_files(model_dir)  # fail on missing weights before building anything
     with set_current_config(config), default_dtype(get_dtype(config.model.dtype)):
         model = model_cls(config, prefix="")
         if is_dummy:
             init_dummy_weights(model)
+        elif is_gguf:
+            from kernelcore.config_builder import load_hf_config
+
+            gguf_checkpoint.record_types(model)
+            model.load_weights(gguf_checkpoint.iterate_weights(config.model.model, load_hf_config(config.model)))
         else:
             model.load_weights(iterate_weights(model_dir))
         process_weights_after_loading(model)

@@ -1,0 +1,173 @@
+"""GGUF checkpoints (llama.cpp's single-file format): config, tokenizer and weights, read with the ``gguf`` package.
+
+The transformers config and tokenizer come from the file's metadata and embedded vocabulary (transformers' own
+GGUF support, ``gguf_file=``); nothing is downloaded and no remote code runs. Weights stream tensor by tensor
+from the memory-mapped file, renamed to the Hugging Face names the model classes load, dequantized to float32
+(``gguf.quants``), and tagged with their GGUF type (``tensor.gguf_type``) so the ``gguf`` quantization method can
+re-encode each layer. Which GGUF types load at all is the quantization registry's business: type ``T`` needs a
+method registered as ``gguf_<t>`` (built in: F32, F16, BF16, Q8_0, Q4_0); any other is refused at start-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Iterator
+
+import torch
+
+logger = logging.getLogger("kernelcore.models")
+
+QUANTIZATION = "gguf"  # the method a GGUF checkpoint gets when --quantization is not given
+# GGUF architectures whose converter permutes the rows of q/k for llama.cpp's rotary layout (undone at load)
+PERMUTED_QK = {"llama"}
+
+
+class GGUFError(ValueError):
+    """A GGUF file kernelcore cannot serve (an unsupported tensor type, an unknown architecture or tensor)."""
+
+
+def is_gguf(path: str | None) -> bool:
+    return bool(path) and path.endswith(".gguf") and os.path.isfile(path)
+
+
+def method_name(tensor_type: str) -> str:
+    """The quantization-registry name that loads GGUF tensors of ``tensor_type`` ("Q8_0" -> "gguf_q8_0")."""
+    return f"gguf_{tensor_type.lower()}"
+
+
+@functools.lru_cache(maxsize=4)
+def reader(path: str):
+    import gguf
+
+    return gguf.GGUFReader(path, "r")
+
+
+def architecture(path: str) -> str:
+    field = reader(path).fields.get("general.architecture")
+    if field is None:
+        raise GGUFError(f"{path} has no general.architecture: not a model GGUF file")
+    return field.contents()
+
+
+def tensor_types(path: str) -> dict[str, str]:
+    """GGUF tensor name -> its type's name ("F32", "Q8_0", ...)."""
+    return {t.name: t.tensor_type.name for t in reader(path).tensors}
+
+
+def check_tensor_types(path: str, registered: list[str]) -> None:
+    """Raise GGUFError naming the first tensor whose type no registered ``gguf_<type>`` method loads."""
+    supported = sorted(name[len("gguf_"):].upper() for name in registered if name.startswith("gguf_"))
+    for name, kind in tensor_types(path).items():
+        if method_name(kind) not in registered:
+            raise GGUFError(f"GGUF tensor {name!r} in {os.path.basename(path)} has type {kind}, which kernelcore "
+                            f"cannot load (supported GGUF types: {', '.join(supported)}); a plugin may add it by "
+                            f"registering the quantization method {method_name(kind)!r}")
+
+
+def hf_config(path: str):
+    """The transformers config the metadata describes, with ``architectures`` set from its model type."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                            trust_remote_code=False)
+    except ValueError as exc:  # transformers: "GGUF model with architecture X is not supported yet."
+        raise GGUFError(f"cannot read the config of {path}: {exc}") from None
+    if not getattr(config, "architectures", None):
+        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+        if arch is None:
+            raise GGUFError(f"{path}: no causal-LM class for GGUF model type {config.model_type!r}")
+        config.architectures = [arch]
+    config.gguf_architecture = architecture(path)
+    return config
+
+
+def tokenizer(path: str):
+    """transformers' tokenizer built from the file's embedded vocabulary."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                         trust_remote_code=False)
+
+
+def hf_names(config) -> dict[str, str]:
+    """GGUF tensor name -> Hugging Face parameter name, from the state-dict keys of the config's model (built on
+    the meta device, no memory) mapped forward through gguf's own tensor-name table."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    arch_ids = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
+    arch = arch_ids.get(config.gguf_architecture)
+    if arch is None:
+        raise GGUFError(f"gguf does not know the architecture {config.gguf_architecture!r}")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+    names = {}
+    for hf_name in model.state_dict():
+        gguf_name = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is not None:
+            names[gguf_name] = hf_name
+    return names
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo convert_hf_to_gguf's ``permute``: per head, rows (pairs interleaved) back to (halves concatenated)."""
+    rows = weight.shape[0]
+    return (weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2)
+            .reshape(weight.shape))
+
+
+def dequantize(tensor) -> torch.Tensor:
+    """A GGUF tensor as float32 in PyTorch's layout (rows = outer dimension)."""
+    import gguf
+    import numpy as np
+
+    if tensor.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        array = np.array(tensor.data, dtype=np.float32)  # a copy: the memory map is read-only
+    else:
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    shape = [int(d) for d in reversed(tensor.shape)]
+    return torch.from_numpy(np.ascontiguousarray(array).reshape(shape))
+
+
+def iterate_weights(path: str, config) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, float32 tensor tagged with ``gguf_type``) for every tensor of the file."""
+    names = hf_names(config)
+    arch = config.gguf_architecture
+    size_mb = os.path.getsize(path) / 1e6
+    logger.info("Loading weights: 1 GGUF file, %.1f MB, from %s", size_mb, path)
+    for tensor in reader(path).tensors:
+        hf_name = names.get(tensor.name)
+        if hf_name is None:
+            raise GGUFError(f"GGUF tensor {tensor.name!r} of {os.path.basename(path)} maps to no parameter of "
+                            f"{config.architectures[0]}")
+        weight = dequantize(tensor)
+        if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in hf_name else config.num_key_value_heads
+            weight = unpermute_qk(weight, heads)
+        weight.gguf_type = tensor.tensor_type.name
+        yield hf_name, weight
+
+
+def record_types(model: torch.nn.Module) -> None:
+    """Wrap every parameter's weight_loader so each module learns the GGUF types its weight was loaded from
+    (``module.gguf_types``: {"Q8_0"}; a fused qkv/gate_up weight collects every part's type)."""
+    from kernelcore.models.loader import default_weight_loader
+
+    for module in model.modules():
+        param = module._parameters.get("weight")
+        if param is None:
+            continue
+        inner = getattr(param, "weight_loader", default_weight_loader)
+
+        def loader(p, tensor, *args, _inner=inner, _module=module):
+            kind = getattr(tensor, "gguf_type", None)
+            if kind is not None:
+                _module.__dict__.setdefault("gguf_types", set()).add(kind)
+            return _inner(p, tensor, *args)
+
+        param.weight_loader = loader

@@ -1,0 +1,222 @@
+"""GGUF checkpoints: `kc serve model.gguf` / LLM("model.gguf") with the config, vocabulary and weights from the file.
+
+Files are written here with gguf.GGUFWriter and gguf.quants from random transformers checkpoints (as llama.cpp's
+converter lays them out, Llama's q/k permuted). References: the HF checkpoint itself for F32, and transformers
+reading the same GGUF file (its own dequantizer) for Q8_0/Q4_0, with kernelcore's repacking to per-channel int8
+applied (exactness), or without it (quality: KL divergence and top-1 agreement, bounded).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+from conftest_models import make_checkpoint, make_llama_checkpoint
+from gguf_helpers import add_tokenizer, int8_roundtrip, write_gguf
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    llama = make_llama_checkpoint(str(root / "llama"))
+    add_tokenizer(llama, 320)
+    qwen2 = make_checkpoint("qwen2", str(root / "qwen2"))
+    add_tokenizer(str(root / "tokenizer"), 320)  # a tokenizer-only directory, for --tokenizer
+    out = {"llama": llama, "qwen2": qwen2, "tokenizer": str(root / "tokenizer")}
+    for qtype in ("F32", "Q8_0", "Q4_0"):
+        out[f"llama-{qtype}"] = write_gguf(llama, str(root / "llama" / f"model-{qtype}.gguf"), qtype)
+    for qtype in ("F32", "Q8_0"):  # no embedded vocabulary: the tokenizer comes from --tokenizer
+        out[f"qwen2-{qtype}"] = write_gguf(qwen2, str(root / "qwen2" / f"model-{qtype}.gguf"), qtype, with_vocab=False)
+    out["llama-Q4_1"] = write_gguf(llama, str(root / "llama" / "model-mixed.gguf"), "Q8_0",
+                                   override_types={"blk.1.ffn_down.weight": "Q4_1"})
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def reference(path: str, repacked: bool = False):
+    """transformers on an HF directory, or on a GGUF file through its own GGUF reader (``gguf_file=``)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"gguf_file": os.path.basename(path)} if path.endswith(".gguf") else {}
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path) if kwargs else path, dtype=torch.float32,
+                                                 **kwargs).eval()
+    return int8_roundtrip(model) if repacked else model
+
+
+def ref_logprobs(model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float().log_softmax(-1)
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def run(path: str, prompts: list[list[int]], max_tokens: int = 8, full_logprobs: bool = False, **kwargs):
+    """Greedy outputs with prompt logprobs (every vocabulary entry when ``full_logprobs``), and the LLM's model."""
+    from kernelcore import LLM, SamplingParams
+
+    llm = LLM(path, kv_cache_memory=1 << 24, block_size=8, max_model_len=256, **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                            prompt_logprobs=320 if full_logprobs else 0)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return llm, outputs
+
+
+def check_exact(outputs, prompts, model, abs_tol: float = 5e-4) -> None:
+    for output, tokens in zip(outputs, prompts):
+        generated = list(output.outputs[0].token_ids)
+        ref = ref_logprobs(model, tokens + generated)
+        ours = [entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], tokens[1:])]
+        expected = ref[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])].tolist()
+        assert ours == pytest.approx(expected, abs=abs_tol)
+        assert generated == ref[len(tokens) - 1:-1].argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_f32_gguf_logits_equal_the_hf_checkpoint(files, arch):
+    """Config from the metadata, names mapped, Llama's q/k permutation undone: the HF checkpoint's logits."""
+    prompts = [prompt(9, 1), prompt(40, 2)]
+    llm, outputs = run(files[f"{arch}-F32"], prompts, tokenizer=files["tokenizer"] if arch == "qwen2" else None)
+    assert llm.config.model.quantization == "gguf" and llm.config.model.architecture.startswith(
+        {"llama": "Llama", "qwen2": "Qwen2"}[arch])
+    check_exact(outputs, prompts, reference(files[arch]), abs_tol=1e-4)
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("name", ["llama-Q8_0", "llama-Q4_0", "qwen2-Q8_0"])
+def test_quantized_gguf_matches_the_dequantized_file_repacked_to_int8(files, name):
+    """Q8_0/Q4_0 layers become per-channel int8 weights (the int8 method): exactly transformers on the same file,
+    dequantized, with that repacking."""
+    prompts = [prompt(9, 3), prompt(30, 4)]
+    llm, outputs = run(files[name], prompts)
+    model = llm.engine_core.executor.worker.model_runner.model
+    assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.int8
+    assert model.lm_head.weight.dtype == torch.int8
+    assert model.model.embed_tokens.weight.dtype == torch.float32  # embeddings are dequantized
+    check_exact(outputs, prompts, reference(files[name], repacked=True))
+    llm.shutdown()
+
+
+@pytest.mark.slow
+def test_tensor_parallel_on_a_q8_0_file(files):
+    """TP=2: each rank dequantizes, shards, and quantizes its rows exactly as one rank does."""
+    prompts = [prompt(9, 3), prompt(30, 4)]
+    llm, outputs = run(files["llama-Q8_0"], prompts, tensor_parallel_size=2)
+    check_exact(outputs, prompts, reference(files["llama-Q8_0"], repacked=True))
+    llm.shutdown()
+
+
+# Over 252 positions of random prompts (measured: Q8_0 mean KL 6.4e-5, top-1 96.8%; Q4_0 1.1e-4, 95.6%).
+QUALITY_BOUNDS = {"llama-Q8_0": (1e-3, 0.9), "llama-Q4_0": (1e-3, 0.9)}
+
+
+@pytest.mark.parametrize("name", sorted(QUALITY_BOUNDS))
+def test_repacking_costs_little_against_the_dequantized_file(files, name):
+    """The quality cost of holding Q8_0/Q4_0 blocks as per-channel int8 rows, against the file's exact values."""
+    prompts = [prompt(127, 5), prompt(127, 6)]
+    llm, outputs = run(files[name], prompts, max_tokens=1, full_logprobs=True)
+    llm.shutdown()
+    kls, agree = [], 0
+    for output, tokens in zip(outputs, prompts):
+        ref = ref_logprobs(reference(files[name]), tokens)[:-1]
+        ours = torch.full_like(ref, float("-inf"))
+        for pos, entry in enumerate(output.prompt_logprobs[1:]):
+            for token, lp in entry.items():
+                ours[pos, token] = lp.logprob
+        kls.append((ref.exp() * (ref - ours)).sum(-1))
+        agree += int((ref.argmax(-1) == ours.argmax(-1)).sum())
+    kl = torch.cat(kls)
+    max_mean_kl, min_top1 = QUALITY_BOUNDS[name]
+    print(f"{name}: mean KL {kl.mean():.3g}, max {kl.max():.3g}, top-1 {agree / kl.numel():.1%} over {kl.numel()}")
+    assert kl.mean() < max_mean_kl and agree / kl.numel() >= min_top1
+
+
+def test_an_unsupported_tensor_type_is_refused_naming_it(files):
+    from helpers import run_kc
+
+    from kernelcore.config_builder import build_config
+    from kernelcore.models.gguf_checkpoint import GGUFError
+
+    with pytest.raises(GGUFError, match=r"'blk\.1\.ffn_down\.weight' .* has type Q4_1.*'gguf_q4_1'"):
+        build_config(model=files["llama-Q4_1"])
+    result = run_kc("serve", files["llama-Q4_1"], check=False)
+    assert result.returncode == 1 and "'blk.1.ffn_down.weight'" in result.stderr and "Q4_1" in result.stderr
+
+
+def test_the_vocabulary_comes_from_the_file_or_from_tokenizer(files):
+    from kernelcore.engine.tokenizer import try_get_tokenizer
+
+    embedded = try_get_tokenizer(files["llama-Q8_0"])
+    hf = try_get_tokenizer(files["llama"])
+    assert embedded.get_vocab() == hf.get_vocab()
+    assert embedded("w17 w300 w42")["input_ids"] == hf("w17 w300 w42")["input_ids"]
+    assert embedded.decode([262, 272, 300]) == hf.decode([262, 272, 300]) == "w262 w272 w300"
+    assert try_get_tokenizer(files["qwen2-Q8_0"]) is None  # none embedded: token ids only, unless --tokenizer
+
+
+@pytest.mark.slow
+def test_kc_serve_a_q8_0_file_with_the_openai_client(files):
+    import openai
+    from test_server_e2e import start_server, stop_server
+
+    from kernelcore.engine.tokenizer import try_get_tokenizer
+
+    proc, url = start_server(files["llama-Q8_0"], "--max-model-len", "256", "--kv-cache-memory", "16MiB")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        [model] = [m.id for m in client.models.list().data]
+        assert model == "model-Q8_0.gguf"
+        prompt_ids = [1, 262, 17, 300, 42, 99]
+        completion = client.completions.create(model=model, prompt=prompt_ids, max_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True})
+        by_text = client.completions.create(model=model, prompt="w17 w300", max_tokens=2, temperature=0)
+    finally:
+        stop_server(proc)
+    model_ref = reference(files["llama-Q8_0"], repacked=True)
+    generated: list[int] = []
+    for _ in range(8):  # the reference's greedy continuation
+        generated.append(int(ref_logprobs(model_ref, prompt_ids + generated)[-1].argmax()))
+    tokenizer = try_get_tokenizer(files["llama-Q8_0"])
+    prompt_text = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+    assert completion.usage.completion_tokens == 8
+    assert by_text.usage.prompt_tokens == len(tokenizer("w17 w300")["input_ids"])  # the embedded vocabulary
+    assert completion.choices[0].text == tokenizer.decode(prompt_ids + generated, skip_special_tokens=True)[len(prompt_text):]
+
+
+def vendored_converter() -> str | None:
+    """llama.cpp's convert_hf_to_gguf.py from an unpacked llama-cpp-python sdist, when one is at hand
+    (KC_LLAMACPP_SRC, or benchmarks/llamacpp_build.py's cache); CI has none and skips."""
+    import glob
+
+    roots = [os.environ.get("KC_LLAMACPP_SRC", "")]
+    roots += glob.glob(os.path.join(os.environ.get("KC_CACHE_DIR", ""), "llamacpp", "llama_cpp_python-*", "vendor",
+                                    "llama.cpp"))
+    return next((r for r in roots if r and os.path.isfile(os.path.join(r, "convert_hf_to_gguf.py"))), None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vendored_converter() is None, reason="no llama.cpp source (KC_LLAMACPP_SRC) to convert with")
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_files_made_by_llama_cpps_converter(tmp_path, arch):
+    """The real converter's f32 and q8_0 output: the same checks as the files written here."""
+    import subprocess
+    import sys
+
+    src = vendored_converter()
+    checkpoint = make_checkpoint(arch, str(tmp_path / arch), sliding_window=None) if arch == "mistral" \
+        else make_llama_checkpoint(str(tmp_path / arch))
+    add_tokenizer(checkpoint, 320)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(src, "gguf-py"), src]))
+    prompts = [prompt(9, 3), prompt(30, 4)]
+    for outtype in ("f32", "q8_0"):
+        out = str(tmp_path / arch / f"model-{outtype}.gguf")
+        subprocess.run([sys.executable, os.path.join(src, "convert_hf_to_gguf.py"), checkpoint, "--outtype", outtype,
+                        "--outfile", out], check=True, env=env, capture_output=True)
+        llm, outputs = run(out, prompts)
+        check_exact(outputs, prompts, reference(checkpoint) if outtype == "f32" else reference(out, repacked=True),
+                    abs_tol=1e-4 if outtype == "f32" else 5e-4)
+        llm.shutdown()
