@@ -46,15 +46,44 @@ def fast_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: 
     return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
 
 
+def _small_gemm():
+    from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel
+
+    return load_small_gemm_kernel()
+
+
 class OneDnnLinearMethod(UnquantizedLinearMethod):
+    """Decode-sized calls (a few rows) through the native small-M kernel, the rest through oneDNN/MKL."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        super().process_weights_after_loading(layer)
+        self._kernel = _small_gemm()
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        kernel = getattr(self, "_kernel", None)
+        if kernel is not None:
+            y = kernel(x, layer.weight, None, bias, owner=layer)
+            if y is not None:
+                return y
         return fast_linear(layer, x, layer.weight, bias)
 
 
 class CpuInt8LinearMethod(Int8LinearMethod):
-    """``torch._weight_int8pack_mm``: reads the int8 weight directly (a quarter of fp32's bytes per token)."""
+    """Reads the int8 weight directly (a quarter of fp32's bytes per token): the native small-M kernel for
+    decode-sized calls, ``torch._weight_int8pack_mm`` for the rest (prefill, large batches)."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        super().process_weights_after_loading(layer)
+        self._kernel = _small_gemm()
+        if self._kernel is not None:
+            layer.register_buffer("weight_scale_f32", layer.weight_scale.float(), persistent=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        kernel = getattr(self, "_kernel", None)
+        if kernel is not None and x.dtype == layer.weight_scale.dtype:
+            y = kernel(x, layer.qweight, layer.weight_scale_f32, bias, owner=layer)
+            if y is not None:
+                return y
         if not _INT8_MM or x.dtype != layer.weight_scale.dtype or x.device.type != "cpu" or x.numel() == 0:
             return super().apply(layer, x, bias)
         x2 = x.reshape(-1, x.shape[-1])
