@@ -6,7 +6,9 @@
 One in-process engine per config (Llama-125M-shaped random checkpoint), all alive at once; every repeat runs
 each (config, kernel) pair once, round-robin, so machine load hits them alike. One request of 128 prompt +
 128 generated tokens (greedy, ignore_eos); tok/s = generated tokens over the request's wall time (prefill
-included, as the llama.cpp comparison counts it). Prints medians and ratios.
+included, as the llama.cpp comparison counts it). Prints medians and ratios, by wall time and by this
+process's CPU time: with ``--threads 1`` the CPU-time figure is what a share of a loaded machine cannot
+distort (memory-bandwidth contention still can).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main(configs, threads, num_runs, max_tokens, checkpoint_dir):
             kernel and setattr(kernel, "max_rows", rows)
             llm.generate([prompt], params.clone(max_tokens=8), use_tqdm=False)  # warm-up (builds, packs)
     rates: dict[tuple[str, str], list[float]] = {(c, m): [] for c in engines for m in modes}
+    cpu_rates: dict[tuple[str, str], list[float]] = {(c, m): [] for c in engines for m in modes}
     outputs: dict[tuple[str, str], list[int]] = {}
     click.echo(f"threads {threads or 'default'}, load average before {os.getloadavg()[0]:.1f}")
     for _ in range(num_runs):
@@ -56,20 +59,23 @@ def main(configs, threads, num_runs, max_tokens, checkpoint_dir):
             for mode, rows in modes.items():
                 if kernel is not None:
                     kernel.max_rows = rows
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
                 rates[(config, mode)].append(len(out.token_ids) / (time.perf_counter() - start))
+                cpu_rates[(config, mode)].append(len(out.token_ids) / (time.process_time() - cpu_start))
                 outputs[(config, mode)] = list(out.token_ids)
     click.echo(f"load average after {os.getloadavg()[0]:.1f}")
-    medians = {key: statistics.median(values) for key, values in rates.items()}
-    for (config, mode), rate in medians.items():
-        same = outputs[(config, mode)] == outputs[(config, "torch")]
-        click.echo(f"{config:16s} {mode:7s} {rate:7.1f} tok/s  x{rate / medians[(config, 'torch')]:.2f} vs torch  "
-                   f"(runs {', '.join(f'{r:.1f}' for r in rates[(config, mode)])}; same tokens as torch: {same})")
-    best_bf16 = max((v for (c, _), v in medians.items() if c == "bfloat16"), default=None)
-    for (config, mode), rate in medians.items():
-        if best_bf16 and config.endswith("+int8"):
-            click.echo(f"{config} {mode}: x{rate / best_bf16:.2f} vs kernelcore's best bfloat16")
+    for label, table in (("wall", rates), ("cpu-time", cpu_rates)):
+        medians = {key: statistics.median(values) for key, values in table.items()}
+        for (config, mode), rate in medians.items():
+            same = outputs[(config, mode)] == outputs[(config, "torch")]
+            click.echo(f"[{label}] {config:16s} {mode:7s} {rate:7.1f} tok/s  "
+                       f"x{rate / medians[(config, 'torch')]:.2f} vs torch  (runs "
+                       f"{', '.join(f'{r:.1f}' for r in table[(config, mode)])}; same tokens as torch: {same})")
+        best_bf16 = max((v for (c, _), v in medians.items() if c == "bfloat16"), default=None)
+        for (config, mode), rate in medians.items():
+            if best_bf16 and config.endswith("+int8"):
+                click.echo(f"[{label}] {config} {mode}: x{rate / best_bf16:.2f} vs kernelcore's best bfloat16")
 
 
 if __name__ == "__main__":

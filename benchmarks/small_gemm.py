@@ -54,10 +54,16 @@ def _impls(n: int, k: int) -> dict:
 @click.option("--rows", default="1,2,4,8", show_default=True)
 @click.option("--repeats", type=int, default=7, show_default=True)
 @click.option("--calls", type=int, default=20, show_default=True, help="calls per timing sample")
-def main(threads, rows, repeats, calls):
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="cpu: this process's CPU time (with --threads 1, what a loaded machine's scheduling cannot "
+                   "distort)")
+@click.option("--shapes", default=None, help="comma-separated NxK (default: all)")
+def main(threads, rows, repeats, calls, clock, shapes):
+    clock_fn = time.process_time if clock == "cpu" else time.perf_counter
+    shape_list = [tuple(int(v) for v in s.split("x")) for s in shapes.split(",")] if shapes else SHAPES
     torch.set_num_threads(threads)
-    print(f"threads {threads}, load average {os.getloadavg()[0]:.2f}")
-    for n, k in SHAPES:
+    print(f"threads {threads}, {clock} clock, load average {os.getloadavg()[0]:.2f}")
+    for n, k in shape_list:
         impls = _impls(n, k)
         for m in (int(r) for r in rows.split(",")):
             xs = {"fp32": torch.randn(m, k), "bf16": torch.randn(m, k).bfloat16()}
@@ -66,10 +72,10 @@ def main(threads, rows, repeats, calls):
                 for name, (act, fn) in impls.items():
                     x = xs[act]
                     fn(x)
-                    start = time.perf_counter()
+                    start = clock_fn()
                     for _ in range(calls):
                         fn(x)
-                    times[name].append((time.perf_counter() - start) / calls * 1e6)
+                    times[name].append((clock_fn() - start) / calls * 1e6)
             base = statistics.median(times["F.linear bf16"])
             cells = [f"{name} {statistics.median(t):.0f}us ({base / statistics.median(t):.2f}x)"
                      for name, t in times.items()]
