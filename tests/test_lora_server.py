@@ -130,16 +130,23 @@ def test_resolvers_and_invalid_loads_do_not_disturb_running_requests(url, dirs):
                 async with session.post(url + path, json=body) as r:
                     return r.status, await r.text()
 
-            running = asyncio.create_task(post("/v1/completions", {"model": "static", "prompt": PROMPT,
-                                                                   "max_tokens": 60, "ignore_eos": True}))
-            await asyncio.sleep(0.3)
-            answers = [await post("/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 4})
-                       for name in ("unknown-adapter", "found", "too-big", "..")]
-            answers.append(await post("/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": dirs["adapters"]}))
-            return await running, answers
+            # the running request streams, so the bad ones are sent once it has produced its first token
+            body = {"model": "static", "prompt": PROMPT, "max_tokens": 60, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            async with session.post(url + "/v1/completions", json=body) as stream:
+                first = await stream.content.readline()
+                assert first.startswith(b"data: "), first
+                answers = [await post("/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 4})
+                           for name in ("unknown-adapter", "found", "too-big", "..")]
+                answers.append(await post("/v1/load_lora_adapter",
+                                          {"lora_name": "bad", "lora_path": dirs["adapters"]}))
+                rest = first + await stream.read()
+                usage = [json.loads(line[6:])["usage"] for line in rest.decode().splitlines()
+                         if line.startswith("data: {") and json.loads(line[6:]).get("usage")]
+                return (stream.status, usage[-1]), answers
 
-    (status, text), answers = asyncio.run(main())
-    assert status == 200 and json.loads(text)["usage"]["completion_tokens"] == 60
+    (status, usage), answers = asyncio.run(main())
+    assert status == 200 and usage["completion_tokens"] == 60
     (s404, _), (s_found, found), (s_big, big), (s_dots, dots), (s_bad, _) = answers
     assert s404 == 404
     assert s_found == 200 and json.loads(found)["model"] == "found"

@@ -495,7 +495,10 @@ def test_metrics_counts(url, model):
     prompt = [7, 8, 9, 10, 11, 12]
     for _ in range(3):
         assert post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 10, "ignore_eos": True}).status_code == 200
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60  # a safety net: the counters are updated as the responses are written
+    while metric(url, "kc:e2e_request_latency_seconds_count") - before["kc:e2e_request_latency_seconds_count"] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     delta = {n: metric(url, n) - before[n] for n in names}
     assert delta["kc:request_success_total"] == 3 and delta["kc:generation_tokens_total"] == 30
     assert delta["kc:prompt_tokens_total"] <= 18  # prefix caching may skip recomputation

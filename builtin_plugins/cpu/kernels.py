@@ -9,3 +9,7 @@ def override_with_torch(kernels) -> None:
     for name, fn in core_kernels.TORCH_REFERENCE_KERNELS.items():
         if kernels.has(name):
             kernels.override(name, fn, owner="cpu")
+    if kernels.has("fused_moe"):
+        from builtin_plugins.cpu.moe import onednn_fused_moe
+
+        kernels.override("fused_moe", onednn_fused_moe, owner="cpu")

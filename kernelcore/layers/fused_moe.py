@@ -4,9 +4,12 @@ Each rank holds every expert's slice of the intermediate dimension (gate/up colu
 the partial outputs all-reduced), so tensor parallelism splits the expert work evenly whatever the routing.
 On CPU the token-expert assignments are grouped by expert (one sort), each active expert runs one batched
 matmul pair over its tokens, and the weighted rows are summed back per token: a loop over the experts that
-received tokens, never over tokens. On CUDA the ``fused_moe`` kernel of the kernel table runs."""
+received tokens, never over tokens. On CPU and CUDA the platform's ``fused_moe`` kernel-table entry runs (the CPU
+platform's prepacks the expert weights for oneDNN); ``forward_native`` is the reference."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +31,18 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
     return weights.to(router_logits.dtype), ids
 
 
+ExpertLinear = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def _expert_linear(rows: torch.Tensor, weight: torch.Tensor, expert: int) -> torch.Tensor:
+    return F.linear(rows, weight[expert])
+
+
 def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor) -> torch.Tensor:
-    """sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k]; w13 [E, 2I, H], w2 [E, H, I]."""
+                    topk_ids: torch.Tensor, linear: ExpertLinear = _expert_linear) -> torch.Tensor:
+    """sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k]; w13 [E, 2I, H], w2 [E, H, I].
+
+    ``linear(rows, w, e)`` computes ``rows @ w[e].T``; a platform passes a faster one (prepacked weights)."""
     num_tokens, top_k = topk_ids.shape
     flat_ids = topk_ids.flatten()
     order = torch.argsort(flat_ids, stable=True)  # assignments grouped by expert
@@ -42,9 +54,9 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     start = 0
     for expert, count in enumerate(counts):
         if count:
-            h = F.linear(rows[start:start + count], w13[expert])
+            h = linear(rows[start:start + count], w13, expert)
             h = F.silu(h[:, :inter]).mul_(h[:, inter:])
-            torch.mm(h, w2[expert].t(), out=out_rows[start:start + count])
+            out_rows[start:start + count] = linear(h, w2, expert)
             start += count
     out_rows.mul_(topk_weights.flatten()[order].unsqueeze(1))
     return torch.zeros(num_tokens, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, token_of, out_rows)
@@ -55,6 +67,8 @@ class FusedMoE(CustomOp):
     """``forward(x [T, H], router_logits [T, E]) -> [T, H]``; parameters w13_weight [E, 2I/tp, H] (gate rows,
     then up rows) and w2_weight [E, H, I/tp], loaded per expert by ``weight_loader(param, w, expert, shard)``
     with shard "w1" (gate), "w3" (up) or "w2" (down)."""
+
+    kernel_names = ("fused_moe",)
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool) -> None:
@@ -92,3 +106,9 @@ class FusedMoE(CustomOp):
     def forward_cuda(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self._reduce(kernel_table.get("fused_moe")(x, self.w13_weight, self.w2_weight, weights, ids))
+
+    def forward_cpu(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        # the CPU platform's kernel-table entry (prepacked expert weights) once the platform has installed it
+        if self._uses_overridden_kernels():
+            return self.forward_cuda(x, router_logits)
+        return self.forward_native(x, router_logits)
