@@ -4,9 +4,9 @@
     python benchmarks/batch1_ab.py --configs bfloat16,bfloat16+int8 --threads 2
 
 One in-process engine per config (Llama-125M-shaped random checkpoint), all alive at once; every repeat runs
-each (config, kernel) pair once, round-robin, so machine load hits them alike. One request of 128 prompt +
-128 generated tokens (greedy, ignore_eos); tok/s = generated tokens over the request's wall time (prefill
-included, as the llama.cpp comparison counts it). Prints medians and ratios, by wall time and by this
+each (config, kernel) pair once, round-robin, so machine load hits them alike. One request of 128
+(``--prompt-len``) prompt + 128 generated tokens (greedy, ignore_eos); tok/s = generated tokens over the
+request's time (prefill included, as the llama.cpp comparison counts it). Prints medians and ratios, by wall time and by this
 process's CPU time: with ``--threads 1`` the CPU-time figure is what a share of a loaded machine cannot
 distort (memory-bandwidth contention still can).
 """
@@ -31,8 +31,10 @@ from throughput import build_checkpoint  # noqa: E402
 @click.option("--threads", type=int, default=None)
 @click.option("--num-runs", type=int, default=5, show_default=True)
 @click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--prompt-len", type=int, default=128, show_default=True,
+              help="a short prompt (8) makes the figure nearly decode-only")
 @click.option("--checkpoint-dir", type=click.Path(), default=None)
-def main(configs, threads, num_runs, max_tokens, checkpoint_dir):
+def main(configs, threads, num_runs, max_tokens, prompt_len, checkpoint_dir):
     from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel
     from kernelcore import LLM, SamplingParams
 
@@ -45,7 +47,7 @@ def main(configs, threads, num_runs, max_tokens, checkpoint_dir):
     kernel = load_small_gemm_kernel()
     modes = {"torch": 0, "native": kernel.max_rows} if kernel is not None else {"torch": 0}
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    prompt = {"prompt_token_ids": list(range(500, 628))}
+    prompt = {"prompt_token_ids": list(range(500, 500 + prompt_len))}
     for llm in engines.values():
         for rows in modes.values():
             kernel and setattr(kernel, "max_rows", rows)

@@ -112,3 +112,16 @@ def test_unquantized_method_native_and_torch_agree(dtype):
     torch.testing.assert_close(method.apply(layer, x, None).float(), 2 * native.float(),
                                rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2 if dtype == torch.bfloat16
                                else 1e-5)
+
+
+def test_unquantized_bf16_prefill_rows_match_fp32_reference():
+    g = torch.Generator().manual_seed(2)
+    layer = _layer(torch.randn(48, 64, generator=g).bfloat16())
+    method = OneDnnLinearMethod()
+    method.process_weights_after_loading(layer)
+    x = torch.randn(40, 64, generator=g).bfloat16()  # more rows than the native kernel takes
+    bias = torch.randn(48, generator=g).bfloat16()
+    expected = (x.double() @ layer.weight.double().T + bias.double())
+    magnitude = x.double().abs() @ layer.weight.double().abs().T + bias.double().abs()
+    y = method.apply(layer, x, bias)
+    assert y.dtype == torch.bfloat16 and ((y.double() - expected).abs() <= 8e-3 * magnitude + 1e-6).all()
