@@ -6,6 +6,8 @@ the core's linear layers hold no CPU-specific code.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,14 +62,15 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
         self._kernel = _small_gemm()
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        weight = cast(torch.Tensor, layer.weight)
         kernel = getattr(self, "_kernel", None)
         if kernel is not None:
-            y = kernel(x, layer.weight, None, bias, owner=layer)
+            y = kernel(x, weight, None, bias, owner=layer)
             if y is not None:
                 return y
-        if layer.weight.dtype == torch.bfloat16 and torch.bfloat16 not in _PACKED_DTYPES and x.dtype == torch.bfloat16:
-            return _upcast_linear(x, layer.weight, bias)
-        return fast_linear(layer, x, layer.weight, bias)
+        if weight.dtype == x.dtype == torch.bfloat16 and torch.bfloat16 not in _PACKED_DTYPES:
+            return _upcast_linear(x, weight, bias)
+        return fast_linear(layer, x, weight, bias)
 
 
 def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -84,19 +87,20 @@ class CpuInt8LinearMethod(Int8LinearMethod):
         super().process_weights_after_loading(layer)
         self._kernel = _small_gemm()
         if self._kernel is not None:
-            layer.register_buffer("weight_scale_f32", layer.weight_scale.float(), persistent=False)
+            scale = cast(torch.Tensor, layer.weight_scale)
+            layer.register_buffer("weight_scale_f32", scale.float(), persistent=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        qweight, scale = cast(torch.Tensor, layer.qweight), cast(torch.Tensor, layer.weight_scale)
         kernel = getattr(self, "_kernel", None)
-        if kernel is not None and x.dtype == layer.weight_scale.dtype:
-            y = kernel(x, layer.qweight, layer.weight_scale_f32, bias, owner=layer)
+        if kernel is not None and x.dtype == scale.dtype:
+            y = kernel(x, qweight, cast(torch.Tensor, layer.weight_scale_f32), bias, owner=layer)
             if y is not None:
                 return y
-        if not _INT8_MM or x.dtype != layer.weight_scale.dtype or x.device.type != "cpu" or x.numel() == 0:
+        if not _INT8_MM or x.dtype != scale.dtype or x.device.type != "cpu" or x.numel() == 0:
             return super().apply(layer, x, bias)
         x2 = x.reshape(-1, x.shape[-1])
-        y = torch._weight_int8pack_mm(x2 if x2.is_contiguous() else x2.contiguous(), layer.qweight,
-                                      layer.weight_scale)
+        y = torch._weight_int8pack_mm(x2 if x2.is_contiguous() else x2.contiguous(), qweight, scale)
         if bias is not None:
             y.add_(bias)
         return y.view(*x.shape[:-1], y.shape[-1])
