@@ -46,7 +46,7 @@ def main(dtype, quantization, threads, num_runs, checkpoint_dir):
 
     from kernelcore import LLM, SamplingParams
     from kernelcore.engine.core import EngineCore
-    from kernelcore.engine.sampler import Sampler
+    from kernelcore.executor.sampler import Sampler
     from kernelcore.engine.scheduler import Scheduler
     from kernelcore.executor.model_runner import ModelRunner
     from kernelcore.executor.worker import WorkerBase

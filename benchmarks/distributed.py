@@ -66,7 +66,7 @@ import json, statistics, time
 from kernelcore.config_builder import build_config
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 if __name__ == "__main__":
     core = EngineCore(build_config(model={model!r}, tensor_parallel_size={tp}, pipeline_parallel_size={pp},
                                    kv_cache_memory=1 << 28))

@@ -32,7 +32,7 @@ def make_engine(path: str, workload, adapters: list[str] | None, use_adapters: b
     from kernelcore.config_builder import build_config
     from kernelcore.engine.core import EngineCore
     from kernelcore.engine.request import EngineCoreRequest
-    from kernelcore.engine.sampling_params import SamplingParams
+    from kernelcore.core_types.sampling_params import SamplingParams
 
     lora = dict(enable_lora=True, max_loras=4, max_lora_rank=8) if adapters else {}
     core = EngineCore(build_config(model=path, max_model_len=2048, kv_cache_memory=512 << 20,

@@ -16,7 +16,7 @@ def __getattr__(name: str):
 
         return LLM
     if name == "SamplingParams":
-        from kernelcore.engine.sampling_params import SamplingParams
+        from kernelcore.core_types.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'kernelcore' has no attribute {name!r}")

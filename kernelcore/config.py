@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+
+from kernelcore.contract import KernelcoreDeprecationWarning
 
 
 @dataclass
@@ -27,11 +30,27 @@ class ModelConfig:
 @dataclass
 class CacheConfig:
     block_size: int = 16
-    is_block_size_user_set: bool = False  # deprecated: use KernelConfig.is_user_set("cache.block_size")
     kv_cache_memory: int = 2 << 30  # bytes for the whole KV cache (per rank)
     num_blocks: int | None = None  # set by the worker after profiling
     enable_prefix_caching: bool = True
     sliding_window: int | None = None  # from the model: no layer looks further back (older KV blocks are freed)
+    _block_size_user_set: bool = field(default=False, repr=False)  # behind the deprecated property below
+
+    @property
+    def is_block_size_user_set(self) -> bool:
+        """Deprecated (removed in contract 1.1): use ``KernelConfig.is_user_set("cache.block_size")``."""
+        _warn_block_size_user_set()
+        return self._block_size_user_set
+
+    @is_block_size_user_set.setter
+    def is_block_size_user_set(self, value: bool) -> None:
+        _warn_block_size_user_set()
+        self._block_size_user_set = value
+
+
+def _warn_block_size_user_set() -> None:
+    warnings.warn("CacheConfig.is_block_size_user_set is deprecated and will be removed in contract 1.1: use "
+                  "KernelConfig.is_user_set('cache.block_size')", KernelcoreDeprecationWarning, stacklevel=3)
 
 
 @dataclass

@@ -69,11 +69,11 @@ def build_config(**kwargs: Any) -> KernelConfig:
 
     Unknown keywords raise TypeError. ``model=None`` means the embedded default model.
     """
-    from kernelcore import plugins
+    from kernelcore import platforms, plugins
     from kernelcore.models.registry import model_registry
     from kernelcore.platforms import current_platform
 
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     pm = plugins.get_plugin_manager()
     pm.hook.pre_register_and_update(parser=None)
 
@@ -82,10 +82,9 @@ def build_config(**kwargs: Any) -> KernelConfig:
         kwargs["hf_overrides"] = json.loads(kwargs["hf_overrides"])
     custom_ops = list(kwargs.pop("custom_ops", None) or [])
     plugin_options = dict(kwargs.pop("plugin_options", None) or {})
-    if kwargs.get("block_size") is not None:
-        kwargs["is_block_size_user_set"] = True
     user_set = frozenset(f"{section}.{name}" for section, cls in _SECTIONS for name in cls.__dataclass_fields__
                          if kwargs.get(name) is not None)
+    kwargs["_block_size_user_set"] = "cache.block_size" in user_set  # read only by the deprecated property
     model = ModelConfig(**_split(kwargs, ModelConfig))
     if model.quantization is not None:
         from kernelcore.quantization import check_quantization

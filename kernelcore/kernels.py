@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from kernelcore.contract import deprecated_names
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger("kernelcore.kernels")
 
@@ -200,10 +203,38 @@ def torch_gelu_tanh_and_mul(x):
     return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
 
 
-def torch_fused_moe(x, w13, w2, topk_weights, topk_ids):
-    from kernelcore.layers.fused_moe import grouped_experts
+def _expert_linear(rows: torch.Tensor, weight: torch.Tensor, expert: int) -> torch.Tensor:
+    import torch.nn.functional as F
 
-    return grouped_experts(x, w13, w2, topk_weights, topk_ids)
+    return F.linear(rows, weight[expert])
+
+
+def torch_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor,
+                    linear: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] = _expert_linear) -> torch.Tensor:
+    """sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k]; w13 [E, 2I, H], w2 [E, H, I].
+
+    ``linear(rows, w, e)`` computes ``rows @ w[e].T``; a platform passes a faster one (prepacked weights)."""
+    import torch
+    import torch.nn.functional as F
+
+    num_tokens, top_k = topk_ids.shape
+    flat_ids = topk_ids.flatten()
+    order = torch.argsort(flat_ids, stable=True)  # assignments grouped by expert
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    token_of = order // top_k
+    rows = x[token_of]
+    out_rows = torch.empty(rows.shape[0], w2.shape[1], dtype=x.dtype, device=x.device)
+    inter = w2.shape[2]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            h = linear(rows[start:start + count], w13, expert)
+            h = F.silu(h[:, :inter]).mul_(h[:, inter:])
+            out_rows[start:start + count] = linear(h, w2, expert)
+            start += count
+    out_rows.mul_(topk_weights.flatten()[order].unsqueeze(1))
+    return torch.zeros(num_tokens, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, token_of, out_rows)
 
 
 TORCH_REFERENCE_KERNELS = {

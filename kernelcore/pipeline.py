@@ -41,7 +41,7 @@ class PipelineGroup:
         import torch.distributed as dist
 
         header = torch.zeros(3 * len(INTERMEDIATE_KEYS), dtype=torch.long)
-        present = [(i, tensors[k]) for i, k in enumerate(INTERMEDIATE_KEYS) if tensors.get(k) is not None]
+        present = [(i, t) for i, k in enumerate(INTERMEDIATE_KEYS) if (t := tensors.get(k)) is not None]
         for i, t in present:
             header[3 * i:3 * i + 3] = torch.tensor([1, t.shape[0], t.shape[1]])
         dist.send(header, self._peer(1))

@@ -148,12 +148,24 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name == "current_platform":
-        # Held in the per-process plugin state: a forked child resolves (and registers) its own.
-        state = plugins.process_state()
-        if state.platform is None:
-            state.platform = resolve_platform()
-        return state.platform
+        return get_current_platform()
     raise AttributeError(f"module 'kernelcore.platforms' has no attribute {name!r}")
+
+
+def get_current_platform() -> Platform:
+    """This process's platform, resolved (and registered with the plugin manager) on first use."""
+    # Held in the per-process plugin state: a forked child resolves (and registers) its own.
+    state = plugins.process_state()
+    if state.platform is None:
+        state.platform = resolve_platform()
+    return state.platform
+
+
+def load_general_plugins() -> Platform:
+    """Fix this process's platform, then load the general plugins (once per process); returns the platform."""
+    platform = get_current_platform()
+    plugins.load_general_plugins(platform)
+    return platform
 
 
 def is_resolved() -> bool:

@@ -305,18 +305,20 @@ def load_platform_plugins() -> list[PluginRecord]:
     return [r for (g, _), r in state.records.items() if g == PLATFORM_GROUP]
 
 
-def load_general_plugins() -> None:
+def load_general_plugins(platform: Any) -> None:
     """Load the general plugins once per process, after the platform is fixed.
 
-    A plugin that raises stops start-up with a :class:`PluginError` naming it;
+    ``platform`` is this process's resolved platform: the caller fixes it first (their hooks may read it),
+    so this module never imports ``kernelcore.platforms``. Call ``kernelcore.platforms.load_general_plugins()``,
+    which does both. A plugin that raises stops start-up with a :class:`PluginError` naming it;
     the once-flag is set only when every plugin succeeded.
     """
     state = _process_state()
+    if platform is None or platform is not state.platform:
+        raise RuntimeError("load_general_plugins needs this process's resolved platform "
+                           "(call kernelcore.platforms.load_general_plugins())")
     if state.general_loaded:
         return
-    from kernelcore.platforms import current_platform  # the platform is fixed first
-
-    del current_platform
     warn_unknown_allowed_names()
     loaded = _load_group(GENERAL_GROUP)
     for record, obj in loaded:

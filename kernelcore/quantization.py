@@ -61,9 +61,9 @@ _registry: tuple[Any, QuantizationRegistry] | None = None
 def get_quantization_registry() -> QuantizationRegistry:
     """This process's registry, filled by the plugins' hooks on first use (again if the plugin manager changed)."""
     global _registry
-    from kernelcore import plugins
+    from kernelcore import platforms, plugins
 
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     pm = plugins.get_plugin_manager()
     if _registry is None or _registry[0] is not pm:
         registry = QuantizationRegistry()

@@ -12,9 +12,9 @@ def ready_then_sleep(seconds: float = 60.0) -> None:
 
 
 def ready_then_exit() -> None:
-    from kernelcore import plugins
+    from kernelcore import platforms
 
-    plugins.load_general_plugins()  # a second call in the same process is a no-op
+    platforms.load_general_plugins()  # a second call in the same process is a no-op
     hostproc.report_ready({"pid": os.getpid()})
 
 

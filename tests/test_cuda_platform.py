@@ -79,9 +79,9 @@ build_config(model={path!r})
 def test_kernel_table_registers_lazily_and_cpu_overrides_with_torch():
     out = run_python("""
         import sys
-        from kernelcore import plugins
+        from kernelcore import platforms, plugins
         from kernelcore.kernels import TORCH_REFERENCE_KERNELS, kernel_table
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         before = kernel_table.winners()
         assert set(before) == set(TORCH_REFERENCE_KERNELS), before
         assert all(w.startswith("triton_kernels:triton_") for w in before.values()), before

@@ -29,7 +29,7 @@ SCRIPT = """
 import asyncio, json
 from kernelcore.config_builder import build_config
 from kernelcore.engine.async_llm import AsyncLLM
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.metrics.prometheus import PrometheusStatLogger
 
 PREFIXES = [[7 + i] * 3 + list(range(20 * i, 20 * i + 29)) for i in range(4)]  # 32 tokens: two 16-token blocks

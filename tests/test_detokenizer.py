@@ -3,7 +3,7 @@ import pytest
 from kernelcore.engine.detokenizer import IncrementalDetokenizer
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import EngineCoreOutput
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 
 PIECES = ["<eos>", "Hel", "lo", " wor", "ld", "!", " or", "gan", "ization", " \xe2", "\x82\xac", "x", "STOP", "ST", "OP"]
 

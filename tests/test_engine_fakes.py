@@ -8,7 +8,7 @@ import torch
 from kernelcore.config import CacheConfig, KernelConfig, ModelConfig, SchedulerConfig
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.executor.uniproc import UniProcExecutor
 from kernelcore.executor.worker import WorkerBase
 

@@ -1,8 +1,9 @@
 import msgspec
 
-from kernelcore.engine.outputs import EngineCoreOutputs, RequestOutput, SchedulerOutput
+from kernelcore.core_types.scheduler_output import SchedulerOutput
+from kernelcore.engine.outputs import EngineCoreOutputs, RequestOutput
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from test_engine_fakes import make_core, make_request
 
 

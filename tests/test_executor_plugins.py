@@ -45,7 +45,7 @@ import json, os
 from kernelcore.config_builder import build_config
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 if __name__ == "__main__":
     core = EngineCore(build_config(model=MODEL, kv_cache_memory=1 << 24, BACKEND))
     for i, p in enumerate([[5, 9, 14, 3], list(range(30, 50))]):

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from kernelcore.engine.sampler import apply_bitmask_rows
+from kernelcore.executor.sampler import apply_bitmask_rows
 from kernelcore.structured_output.backend import UnsupportedConstraint, allocate_bitmask, build_registry
 from kernelcore.structured_output.compiler import GrammarCompiler
 from kernelcore.structured_output.params import StructuredOutputsParams

@@ -86,8 +86,8 @@ def test_general_plugins_run_exactly_once_in_every_spawned_process(tmp_path):
     trace = tmp_path / "trace.jsonl"
     run_python(f"""
         import sys; sys.path.insert(0, {TESTS_DIR!r})
-        from kernelcore import hostproc, plugins
-        plugins.load_general_plugins()
+        from kernelcore import hostproc, platforms, plugins
+        platforms.load_general_plugins()
         children = [hostproc.spawn("hostproc_targets.ready_then_exit", role=f"worker-{{i}}") for i in range(2)]
         for c in children:
             c.wait_ready(120)

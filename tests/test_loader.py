@@ -122,10 +122,10 @@ def test_unknown_architecture_lists_registered_ones_and_their_plugin(tmp_path):
 
 
 def test_registered_lazily_in_string_form():
-    from kernelcore import plugins
+    from kernelcore import platforms
     from kernelcore.models.registry import model_registry
 
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     for arch in ("OPTForCausalLM", "LlamaForCausalLM"):
         assert model_registry.is_lazy(arch)
         info = model_registry.inspect(arch)

@@ -30,7 +30,7 @@ import json
 from kernelcore.config_builder import build_config
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 if __name__ == "__main__":
     core = EngineCore(build_config(model=MODEL, tensor_parallel_size=TP, kv_cache_memory=1 << 24, enable_lora=True,
                                    max_loras=2, max_lora_rank=8, max_num_batched_tokens=64))
@@ -86,14 +86,14 @@ def _scheduler(max_loras: int = 2):
 
 def _request(request_id: str, lora_id: int, prompt: list[int] | None = None):
     from kernelcore.engine.request import EngineCoreRequest
-    from kernelcore.engine.sampling_params import SamplingParams
+    from kernelcore.core_types.sampling_params import SamplingParams
 
     return EngineCoreRequest(request_id=request_id, prompt_token_ids=prompt or [5, 6, 7, 8], lora_id=lora_id,
                              sampling_params=SamplingParams(max_tokens=4, ignore_eos=True))
 
 
 def test_scheduler_keeps_at_most_max_loras_adapters_running():
-    from kernelcore.engine.outputs import ModelRunnerOutput
+    from kernelcore.core_types.runner_output import ModelRunnerOutput
     from kernelcore.engine.scheduler import RequestRejected
 
     scheduler = _scheduler(max_loras=2)

@@ -78,7 +78,7 @@ import json, os, shutil, signal
 from kernelcore.config_builder import build_config
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.errors import RequestStateError
 if __name__ == "__main__":
     core = EngineCore(build_config(model=BASE, tensor_parallel_size=TP, kv_cache_memory=1 << 24, enable_lora=True,
@@ -161,9 +161,9 @@ def test_bad_adapter_fails_alone_and_the_engine_keeps_serving(dirs, tmp_path, tp
 
 def test_scheduler_fails_left_out_requests_alone_and_frees_their_blocks():
     from kernelcore.config import KernelConfig, LoraConfig, ModelConfig
-    from kernelcore.engine.outputs import ModelRunnerOutput
+    from kernelcore.core_types.runner_output import ModelRunnerOutput
     from kernelcore.engine.request import EngineCoreRequest
-    from kernelcore.engine.sampling_params import SamplingParams
+    from kernelcore.core_types.sampling_params import SamplingParams
     from kernelcore.engine.scheduler import Scheduler
 
     config = KernelConfig(model=ModelConfig(max_model_len=256), lora=LoraConfig(enable_lora=True, max_loras=2))

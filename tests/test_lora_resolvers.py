@@ -89,9 +89,9 @@ def test_symlinks_escaping_the_root_are_refused(tmp_path):
 
 
 def test_builtin_filesystem_resolver_is_rebuilt_per_lookup(tmp_path, monkeypatch):
-    from kernelcore import plugins
+    from kernelcore import platforms
 
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     monkeypatch.delenv("KC_LORA_RESOLVER_DIR", raising=False)
     monkeypatch.delenv("KC_LORA_HF_REPOS", raising=False)
     assert build_registry().names() == []  # unset: inactive

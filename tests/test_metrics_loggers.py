@@ -51,7 +51,7 @@ def test_engine_feeds_every_stat_logger_each_step(tmp_path):
         import asyncio
         from kernelcore.config_builder import build_config
         from kernelcore.engine.async_llm import AsyncLLM
-        from kernelcore.engine.sampling_params import SamplingParams
+        from kernelcore.core_types.sampling_params import SamplingParams
         from kernelcore.metrics import make_stat_loggers
 
         async def main():

@@ -81,7 +81,7 @@ def test_sliding_window_engine_frees_blocks_and_matches_generate(checkpoints):
     """The whole engine on Mistral (window 12, blocks of 4): prompts longer than the window, 40 tokens past
     it, greedy tokens equal to transformers, and every block wholly behind a request's window freed."""
     from kernelcore.engine.llm import LLM
-    from kernelcore.engine.sampling_params import SamplingParams
+    from kernelcore.core_types.sampling_params import SamplingParams
     from test_models_parity import load_hf, random_tokens
 
     path = checkpoints["mistral-window12"]

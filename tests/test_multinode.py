@@ -21,7 +21,7 @@ import json
 from kernelcore.config_builder import build_config
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 if __name__ == "__main__":
     core = EngineCore(build_config(model=MODEL, kv_cache_memory=1 << 24, ARGS))
     for i, p in enumerate(PROMPTS):
@@ -162,7 +162,7 @@ SERVE_UNTIL_DEAD = """
 import asyncio, json, time
 from kernelcore.config_builder import build_config
 from kernelcore.engine.async_llm import AsyncLLM, EngineDeadError
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 
 async def main():
     llm = await AsyncLLM.create(build_config(model=MODEL, kv_cache_memory=1 << 24, ARGS))

@@ -64,8 +64,8 @@ def test_allow_list_filters_third_party_only_and_strips_whitespace():
     proc = run_python("""
         import logging, sys
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        from kernelcore import plugins
-        plugins.load_general_plugins()
+        from kernelcore import platforms, plugins
+        platforms.load_general_plugins()
         print(sorted((r.name, r.status) for r in plugins.records()))
     """, KC_PLUGINS=" dummy_ops , no_such_plugin ")
     statuses = dict(eval(proc.stdout))

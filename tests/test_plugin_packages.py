@@ -8,9 +8,9 @@ from helpers import run_kc, run_python
 def test_eager_and_lazy_model_registration_through_a_plugin():
     out = run_python("""
         import sys, json
-        from kernelcore import plugins
+        from kernelcore import platforms, plugins
         from kernelcore.models.registry import model_registry as r
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         result = {
             "eager_lazy": r.is_lazy("MyOPTForCausalLM"), "lazy_lazy": r.is_lazy("MyLazyLlama"),
             "lazy_imported_before": "kc_dummy_model.lazy_llama" in sys.modules,
@@ -44,8 +44,8 @@ def test_overriding_a_builtin_architecture_warns_and_kc_plugins_shows_the_owner(
 
 def test_general_plugin_that_raises_stops_start_up_naming_it():
     proc = run_python("""
-        from kernelcore import plugins
-        plugins.load_general_plugins()
+        from kernelcore import platforms, plugins
+        platforms.load_general_plugins()
     """, check=False, KC_DUMMY_MODEL_RAISE="1")
     assert proc.returncode != 0
     assert "general plugin 'dummy_model' (distribution kc-dummy-model) raised in register_models in process frontend" \
@@ -55,10 +55,10 @@ def test_general_plugin_that_raises_stops_start_up_naming_it():
 def test_oot_op_swap_by_class_name_dispatches_to_forward_oot_on_the_vendor_platform():
     out = run_python("""
         import torch
-        from kernelcore import plugins
+        from kernelcore import platforms, plugins
         from kernelcore.config import KernelConfig, set_current_config
         from kernelcore.layers.rotary import RotaryEmbedding, get_rope
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         with set_current_config(KernelConfig(custom_ops=["all"])):
             rope = get_rope(16, 16, 64, 10000.0)
         q, k = torch.randn(3, 32), torch.randn(3, 16)
@@ -73,10 +73,10 @@ def test_oot_op_swap_by_class_name_dispatches_to_forward_oot_on_the_vendor_platf
 
 def test_op_replacement_plugin_swaps_rmsnorm_on_the_builtin_platform():
     out = run_python("""
-        from kernelcore import plugins
+        from kernelcore import platforms, plugins
         from kernelcore.config import KernelConfig, set_current_config
         from kernelcore.layers.norm import RMSNorm
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         with set_current_config(KernelConfig(custom_ops=["all", "-rms_norm"])):
             off = RMSNorm(8)
         with set_current_config(KernelConfig(custom_ops=["all"])):
@@ -89,9 +89,9 @@ def test_op_replacement_plugin_swaps_rmsnorm_on_the_builtin_platform():
 def test_pre_register_and_update_extends_each_command_once():
     out = run_python("""
         import click
-        from kernelcore import plugins
+        from kernelcore import platforms, plugins
         from kernelcore.entrypoints.cli import cli
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         ctx = click.Context(cli)
         @cli.command("probe")
         def probe(**kw):

@@ -17,8 +17,20 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 NAME = re.compile(r"^\| `((?:kernelcore|builtin_plugins)(?:\.\w+)*)` \|", re.M)
 
 
+def _api_md() -> tuple[str, str]:
+    """docs/api.md split into (the public tables, the "Deprecated names" table)."""
+    text = open(os.path.join(ROOT, "docs", "api.md")).read()
+    start = text.index("### Deprecated names")
+    end = text.index("\n## ", start)
+    return text[:start] + text[end:], text[start:end]
+
+
 def listed_names() -> list[str]:
-    return NAME.findall(open(os.path.join(ROOT, "docs", "api.md")).read())
+    return NAME.findall(_api_md()[0])
+
+
+def deprecated_names() -> list[str]:
+    return NAME.findall(_api_md()[1])
 
 
 def resolve(dotted: str):
@@ -42,6 +54,24 @@ def test_api_md_lists_a_substantial_surface():
 @pytest.mark.parametrize("dotted", listed_names())
 def test_every_listed_name_imports(dotted):
     assert resolve(dotted) is not None
+
+
+@pytest.mark.parametrize("dotted", deprecated_names())
+def test_every_deprecated_name_still_imports_with_a_warning(dotted):
+    module, name = dotted.rsplit(".", 1)
+    with pytest.warns(contract.KernelcoreDeprecationWarning, match="is deprecated"):
+        assert getattr(importlib.import_module(module), name) is not None
+
+
+def test_moved_types_are_the_same_objects_under_their_new_names():
+    from kernelcore.core_types import sampling_params
+    from kernelcore.errors import WorkerDiedError
+    from kernelcore.executor.base import WorkerDiedError as FromBase
+
+    with pytest.warns(contract.KernelcoreDeprecationWarning, match="use kernelcore.core_types.sampling_params"):
+        from kernelcore.engine.sampling_params import SamplingParams as Old
+    assert Old is sampling_params.SamplingParams is kernelcore.SamplingParams
+    assert WorkerDiedError is FromBase
 
 
 def _imports(path: str) -> set[str]:

@@ -1,7 +1,7 @@
 import torch
 
-from kernelcore.engine.sampler import Sampler, build_metadata
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.executor.sampler import Sampler, build_metadata
+from kernelcore.core_types.sampling_params import SamplingParams
 from test_engine_fakes import make_core, make_request, run_to_completion
 
 V = 50
@@ -123,8 +123,8 @@ def test_params_validation():
 
 
 def test_logit_bias_forces_and_bans_and_allowed_token_ids_restrict():
-    from kernelcore.engine.sampler import Sampler, build_metadata
-    from kernelcore.engine.sampling_params import SamplingParams
+    from kernelcore.executor.sampler import Sampler, build_metadata
+    from kernelcore.core_types.sampling_params import SamplingParams
 
     torch.manual_seed(0)
     logits = torch.randn(3, 50)

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from kernelcore.engine.llm import LLM
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.structured_output.params import StructuredOutputsParams
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -105,7 +105,7 @@ def test_mixed_with_lora_and_tensor_parallel(tmp_path):
     proc = run_python(f"""
         import json
         from kernelcore.engine.llm import LLM
-        from kernelcore.engine.sampling_params import SamplingParams
+        from kernelcore.core_types.sampling_params import SamplingParams
         from kernelcore.lora.serving import LoRARequest
         if __name__ == "__main__":
             llm = LLM(max_model_len=256, tensor_parallel_size=2, enable_lora=True, kv_cache_memory=1 << 24)

@@ -36,7 +36,7 @@ def _greedy_with_logprobs(model_dir, tp, num_steps=32):
         from kernelcore.config_builder import build_config
         from kernelcore.engine.core import EngineCore
         from kernelcore.engine.request import EngineCoreRequest
-        from kernelcore.engine.sampling_params import SamplingParams
+        from kernelcore.core_types.sampling_params import SamplingParams
         if __name__ == "__main__":
             core = EngineCore(build_config(model={model_dir!r}, tensor_parallel_size={tp}, kv_cache_memory=1 << 24))
             prompts = [[5, 9, 14, 3, 7, 11, 2, 8], [17, 4, 4, 12], list(range(30, 70))]
@@ -69,7 +69,7 @@ ASYNC_SCRIPT = """
 import asyncio, json, os, signal, sys, time
 from kernelcore.config_builder import build_config
 from kernelcore.engine.async_llm import AsyncLLM, EngineDeadError
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 
 
 async def main():

@@ -94,6 +94,30 @@ def test_platform_chooses_the_default_dtype_and_the_users_choice_stays(tmp_path)
     assert json.loads(out.splitlines()[-1])[0] == "float32"
 
 
+DEPRECATED_FLAG = """
+    import json, sys, warnings
+    sys.path.insert(0, "tests")
+    from kernelcore.contract import KernelcoreDeprecationWarning
+    warnings.simplefilter("error", KernelcoreDeprecationWarning)  # building a config reads no deprecated name
+    from kernelcore.config_builder import build_config
+    from conftest_models import make_llama_checkpoint
+    path = make_llama_checkpoint({path!r})
+    default, chosen = build_config(model=path), build_config(model=path, block_size=16)
+    warnings.simplefilter("always", KernelcoreDeprecationWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        flags = [default.cache.is_block_size_user_set, chosen.cache.is_block_size_user_set]
+    print(json.dumps([flags, default.cache.block_size, [str(w.message) for w in caught]]))
+"""
+
+
+def test_is_block_size_user_set_warns_when_read_and_nothing_else_reads_it(tmp_path):
+    proc = run_python(DEPRECATED_FLAG.format(path=str(tmp_path / "m")), KC_DUMMY_DEVICE="1", KC_DUMMY_BLOCK_SIZE="32")
+    flags, block_size, messages = json.loads(proc.stdout.splitlines()[-1])
+    assert flags == [False, True] and block_size == 32
+    assert len(messages) == 2 and all("is_user_set('cache.block_size')" in m for m in messages)
+    assert "KernelcoreDeprecationWarning" not in proc.stderr
+
+
 def test_validate_environ_refusal_is_one_line_naming_plugin_distribution_and_hook():
     proc = run_kc("serve", "--port", "0", check=False, KC_DUMMY_DEVICE="1", KC_DUMMY_DRIVER="missing")
     assert proc.returncode == 1
@@ -110,7 +134,7 @@ def test_misspelled_hook_is_an_error_for_that_plugin_with_a_suggestion():
     record = next(r for r in report["plugins"] if r["name"] == "dummy_typo")
     assert record["status"] == "failed"
     assert "unknown hook 'register_model'; did you mean 'register_models'?" in record["error"]
-    proc = run_python("from kernelcore import plugins; plugins.load_general_plugins()", check=False,
+    proc = run_python("from kernelcore import platforms, plugins; platforms.load_general_plugins()", check=False,
                       KC_DUMMY_TYPO_HOOK="1")
     assert proc.returncode != 0
     assert "plugin 'dummy_typo' (distribution kc-dummy-model): unknown hook 'register_model'" in proc.stderr
@@ -161,16 +185,16 @@ def test_endpoint_plugin_enabled_apart_from_the_allow_list_on_the_vendor_platfor
 def test_a_forked_child_has_the_platform_registered_with_its_own_plugin_manager():
     out = run_python("""
         import json, os
-        from kernelcore import plugins
+        from kernelcore import platforms, plugins
         from kernelcore.attention import AttentionSelector
         from kernelcore.platforms import current_platform
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         parent = id(current_platform)
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
             import kernelcore.platforms as p
-            plugins.load_general_plugins()
+            platforms.load_general_plugins()
             selector = AttentionSelector(64, 4, 2, "float32", 16)
             answer = plugins.get_plugin_manager().hook.get_attn_backend_cls(selector=selector)
             os.write(write, json.dumps([p.current_platform.device_name, id(p.current_platform) != parent,

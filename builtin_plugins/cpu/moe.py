@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from builtin_plugins.cpu.linear import _PACKED_DTYPES
-from kernelcore.layers.fused_moe import grouped_experts
+from kernelcore.kernels import torch_fused_moe as grouped_experts
 
 
 def _packed_experts(weight: torch.Tensor) -> list[torch.Tensor]:

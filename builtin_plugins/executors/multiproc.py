@@ -17,7 +17,8 @@ import msgspec
 
 from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
-from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from kernelcore.core_types.runner_output import ModelRunnerOutput
+from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.errors import RequestStateError
 from kernelcore.executor.base import ExecutorBase, WorkerDiedError
 from kernelcore.hostproc.ipc import Channel, Listener, private_socket_dir, remove_private_dir

@@ -93,7 +93,7 @@ class RankActor:
     """One rank: started like a hostproc child (role, logging, platform, plugins), then the usual worker."""
 
     def __init__(self, config, rank: int, store_actor) -> None:
-        from kernelcore import envs, hostproc, platforms, plugins
+        from kernelcore import envs, hostproc, platforms
         from kernelcore.executor.uniproc import create_worker
         from kernelcore.logging_setup import configure_logging
 
@@ -105,8 +105,7 @@ class RankActor:
         except ImportError:
             pass
         configure_logging()
-        platforms.__getattr__("current_platform")
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         self.rank = rank
         self.store = RayStore(store_actor, envs.KC_READY_TIMEOUT)  # kept alive: torch holds only a C++ handle
         if config.parallel.world_size > 1:

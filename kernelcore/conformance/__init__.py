@@ -44,9 +44,9 @@ def run_checks(name: str, model: str | None = None) -> list[CheckResult]:
     platform = current_platform
 
     def load() -> str:
-        from kernelcore import plugins
+        from kernelcore import platforms, plugins
 
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         return f"{sum(r.status == 'loaded' for r in plugins.records())} plugins loaded with platform {name}"
 
     results.append(_run("plugins load", load))

@@ -121,11 +121,11 @@ def named_classes_resolve(platform: Any, block_size: int) -> tuple[str, type | N
 
 
 def _snapshot() -> dict[str, Any]:
-    from kernelcore import plugins
+    from kernelcore import platforms, plugins
     from kernelcore.custom_op import op_registry_oot
     from kernelcore.platforms import current_platform
 
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     return {"platform": f"{type(current_platform).__module__}.{type(current_platform).__qualname__}",
             "plugins": sorted(f"{r.group}:{r.name}:{r.status}" for r in plugins.records()),
             "ops": sorted(f"{k}={v.__module__}.{v.__qualname__}" for k, v in op_registry_oot.items())}

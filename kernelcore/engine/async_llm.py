@@ -20,7 +20,7 @@ from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, Co
                                          LoraAdded, RemoveLora, ShutdownCore)
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
 from kernelcore.hostproc.ipc import AsyncChannel, remove_private_dir
 from kernelcore.metrics import StatLoggerBase

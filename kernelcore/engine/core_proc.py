@@ -18,6 +18,7 @@ from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
+from kernelcore.errors import WorkerDiedError
 from kernelcore.hostproc.ipc import Channel, use_private_root
 
 logger = logging.getLogger("kernelcore.engine")
@@ -106,8 +107,6 @@ class EngineCoreLoop:
         return self.core.has_unfinished_requests() or bool(self.core.scheduler.finished_req_ids)
 
     def step(self) -> None:
-        from kernelcore.executor.base import WorkerDiedError
-
         running = [r.request_id for r in self.core.scheduler.running]
         try:
             outputs = self.core.step()

@@ -8,7 +8,7 @@ back until the request finishes, so a partial stop string is never emitted and t
 
 from __future__ import annotations
 
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 
 NUM_CONTEXT_TOKENS = 5
 

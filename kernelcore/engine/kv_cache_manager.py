@@ -10,6 +10,7 @@ import hashlib
 import os
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from kernelcore.engine.request import Request
 
@@ -73,13 +74,13 @@ class KVCacheManager:
         self.num_queries += num_tokens
         self.num_hits += num_hit_tokens
 
-    def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+    def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         num_total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
         num_new_blocks = cdiv(num_total, self.block_size) - len(request.block_ids) - len(computed_blocks)
         num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0)
         return num_new_blocks + num_revived <= len(self.free_blocks)
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> bool:
         """Give ``request`` blocks for ``num_new_tokens`` more tokens (after the cached ``computed_blocks``)."""
         self.free_behind_window(request)
         if not self.can_allocate(request, num_new_tokens, computed_blocks):

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
 from kernelcore.engine.tokenizer import encode_chat, encode_prompt, eos_token_id, try_get_tokenizer
 

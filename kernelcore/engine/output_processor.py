@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 
 from kernelcore.engine.detokenizer import IncrementalDetokenizer
-from kernelcore.engine.outputs import (CompletionOutput, EngineCoreOutput, Logprob, RequestOutput, TokenLogprobs)
+from kernelcore.core_types.runner_output import TokenLogprobs
+from kernelcore.engine.outputs import CompletionOutput, EngineCoreOutput, Logprob, RequestOutput
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 
 
 class ChildState:
@@ -111,7 +112,7 @@ class OutputProcessor:
                 continue
             child.token_ids.extend(out.new_token_ids)
             child.num_new_tokens += len(out.new_token_ids)
-            if child.logprobs is not None and out.new_logprobs:
+            if child.logprobs is not None and child.cumulative_logprob is not None and out.new_logprobs:
                 new = self._logprob_dicts(out.new_logprobs, parent.params.logprobs)
                 child.logprobs.extend(new)
                 child.cumulative_logprob += sum(lp.logprob for tl, d in zip(out.new_logprobs, new)
@@ -149,7 +150,7 @@ class OutputProcessor:
                              prompt_logprobs=parent.prompt_logprobs, outputs=completions, finished=is_finished,
                              num_cached_tokens=parent.num_cached_tokens)
 
-    def _logprob_dicts(self, entries: list[TokenLogprobs], num_top: int) -> list[dict[int, Logprob]]:
+    def _logprob_dicts(self, entries: list[TokenLogprobs], num_top: int | None) -> list[dict[int, Logprob]]:
         result = []
         for entry in entries:
             d = {}

@@ -7,7 +7,7 @@ import time
 
 import msgspec
 
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 
 
 class EngineCoreRequest(msgspec.Struct, kw_only=True):

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections import deque
 
 from kernelcore.config import KernelConfig
+from kernelcore.core_types.runner_output import ModelRunnerOutput
+from kernelcore.core_types.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from kernelcore.engine.kv_cache_manager import KVCacheManager
-from kernelcore.engine.outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
-                                       SchedulerOutput)
+from kernelcore.engine.outputs import EngineCoreOutput
 from kernelcore.engine.request import FINISH_REASONS, EngineCoreRequest, Request, RequestStatus
 from kernelcore.metrics.stats import EngineStats
 
@@ -21,7 +22,9 @@ class Scheduler:
     def __init__(self, config: KernelConfig, num_blocks: int, block_size: int) -> None:
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.max_num_batched_tokens = config.scheduler.max_num_batched_tokens
-        self.max_model_len = config.model.max_model_len
+        if config.model.max_model_len is None:
+            raise ValueError("the scheduler needs config.model.max_model_len (build_config fills it)")
+        self.max_model_len: int = config.model.max_model_len
         self.max_loras = config.lora.max_loras if config.lora.enable_lora else 0
         self.lora_names: dict[int, str] = {}  # adapters the workers know: id -> name
         self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching,

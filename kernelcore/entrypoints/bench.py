@@ -24,6 +24,8 @@ class BenchGroup(click.Group):
         if not os.path.isfile(path):
             return None
         spec = importlib.util.spec_from_file_location("kc_benchmarks_throughput", path)
+        if spec is None or spec.loader is None:
+            return None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return getattr(module, "throughput", None)

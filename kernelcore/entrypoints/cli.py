@@ -21,9 +21,9 @@ class KcGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str):
         command = super().get_command(ctx, name)
         if command is not None and getattr(command, "kc_engine_args", False) and not getattr(command, "_kc_extended", False):
-            from kernelcore import plugins
+            from kernelcore import platforms, plugins
 
-            plugins.load_general_plugins()
+            platforms.load_general_plugins()
             plugins.get_plugin_manager().hook.pre_register_and_update(parser=command)
             setattr(command, "_kc_extended", True)
         return command

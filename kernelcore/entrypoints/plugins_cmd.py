@@ -25,7 +25,7 @@ def collect() -> dict[str, Any]:
     report["detections"] = [dataclasses.asdict(d) for d in detections]
     if report["platform"] is not None:
         try:
-            plugins.load_general_plugins()
+            platforms.load_general_plugins()
         except Exception as exc:
             report["errors"].append(str(exc))
     try:

@@ -94,9 +94,9 @@ class ToolParserRegistry:
 
 
 def build_registry(hook_name: str, registry: Any) -> Any:
-    from kernelcore import plugins
+    from kernelcore import platforms, plugins
 
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     getattr(plugins.get_plugin_manager().hook, hook_name)(registry=registry)
     return registry
 

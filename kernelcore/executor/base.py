@@ -7,11 +7,9 @@ process and drives every worker of one engine (all its tensor-parallel ranks, on
 from __future__ import annotations
 
 from kernelcore.config import KernelConfig
-from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker (process, host or connection) died or failed; the engine cannot continue."""
+from kernelcore.core_types.runner_output import ModelRunnerOutput
+from kernelcore.core_types.scheduler_output import SchedulerOutput
+from kernelcore.errors import WorkerDiedError as WorkerDiedError  # public here too (docs/api.md)
 
 
 class ExecutorBase:

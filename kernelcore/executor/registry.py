@@ -70,12 +70,12 @@ def build_registry() -> ExecutorRegistry:
 
     A plugin whose hook raises stops start-up with an error naming it.
     """
-    from kernelcore import plugins
+    from kernelcore import platforms, plugins
 
     registry = ExecutorRegistry()
     registry.plugin = "kernelcore"
     registry.register(DEFAULT_SINGLE, "kernelcore.executor.uniproc:UniProcExecutor")
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     for impl in plugins.get_plugin_manager().hook.register_executor_backends.get_hookimpls():
         registry.plugin = impl.plugin_name
         try:

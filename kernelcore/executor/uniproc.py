@@ -5,17 +5,18 @@ from __future__ import annotations
 import logging
 
 from kernelcore.config import KernelConfig
-from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from kernelcore.core_types.runner_output import ModelRunnerOutput
+from kernelcore.core_types.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger("kernelcore.executor")
 
 
 def create_worker(config: KernelConfig, rank: int = 0, distributed_init_method: str | None = None):
     """The start-up sequence of every worker: kernel overrides, worker class, device, model, trace, env freeze."""
-    from kernelcore import envs, plugins
+    from kernelcore import envs, platforms, plugins
     from kernelcore.platforms import resolve_obj_by_qualname
 
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     plugins.apply_kernel_overrides()
     worker_cls = resolve_obj_by_qualname(config.parallel.worker_cls)
     worker = worker_cls(config, rank=rank, distributed_init_method=distributed_init_method)

@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from kernelcore.config import KernelConfig
-from kernelcore.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from kernelcore.engine.sampler import Sampler, build_metadata, compute_logprobs
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.runner_output import ModelRunnerOutput, TokenLogprobs
+from kernelcore.core_types.scheduler_output import SchedulerOutput
+from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.executor.sampler import Sampler, build_metadata, compute_logprobs
 
 logger = logging.getLogger("kernelcore.worker")
 

@@ -156,10 +156,9 @@ def _bootstrap(role: str, target: Callable[..., Any] | str, args: tuple, kwargs:
 
     configure_logging()
     try:
-        from kernelcore import platforms, plugins
+        from kernelcore import platforms
 
-        platforms.__getattr__("current_platform")
-        plugins.load_general_plugins()
+        platforms.load_general_plugins()
         if isinstance(target, str):
             target = platforms.resolve_obj_by_qualname(target)
         target(*args, **kwargs)

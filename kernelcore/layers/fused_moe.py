@@ -9,15 +9,13 @@ platform's prepacks the expert weights for oneDNN); ``forward_native`` is the re
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.custom_op import CustomOp
 from kernelcore.distributed import get_tp_group
 from kernelcore.kernels import kernel_table
+from kernelcore.kernels import torch_fused_moe as grouped_experts  # the math lives with the kernel table
 from kernelcore.layers.linear import copy_checked, divide
 
 
@@ -29,37 +27,6 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(router_logits.dtype), ids
-
-
-ExpertLinear = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-
-
-def _expert_linear(rows: torch.Tensor, weight: torch.Tensor, expert: int) -> torch.Tensor:
-    return F.linear(rows, weight[expert])
-
-
-def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor, linear: ExpertLinear = _expert_linear) -> torch.Tensor:
-    """sum_k weight[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, k]; w13 [E, 2I, H], w2 [E, H, I].
-
-    ``linear(rows, w, e)`` computes ``rows @ w[e].T``; a platform passes a faster one (prepacked weights)."""
-    num_tokens, top_k = topk_ids.shape
-    flat_ids = topk_ids.flatten()
-    order = torch.argsort(flat_ids, stable=True)  # assignments grouped by expert
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
-    token_of = order // top_k
-    rows = x[token_of]
-    out_rows = torch.empty(rows.shape[0], w2.shape[1], dtype=x.dtype, device=x.device)
-    inter = w2.shape[2]
-    start = 0
-    for expert, count in enumerate(counts):
-        if count:
-            h = linear(rows[start:start + count], w13, expert)
-            h = F.silu(h[:, :inter]).mul_(h[:, inter:])
-            out_rows[start:start + count] = linear(h, w2, expert)
-            start += count
-    out_rows.mul_(topk_weights.flatten()[order].unsqueeze(1))
-    return torch.zeros(num_tokens, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, token_of, out_rows)
 
 
 @CustomOp.register("fused_moe")

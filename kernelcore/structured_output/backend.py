@@ -110,9 +110,9 @@ class StructuredOutputBackendRegistry:
 
 def build_registry() -> StructuredOutputBackendRegistry:
     """A registry filled by every general plugin's ``register_structured_output_backends`` hook."""
-    from kernelcore import plugins
+    from kernelcore import platforms, plugins
 
-    plugins.load_general_plugins()
+    platforms.load_general_plugins()
     registry = StructuredOutputBackendRegistry()
     for impl in plugins.get_plugin_manager().hook.register_structured_output_backends.get_hookimpls():
         plugins.loading_plugin = impl.plugin_name  # recorded as the owner of what it registers

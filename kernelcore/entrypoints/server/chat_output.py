@@ -13,8 +13,9 @@ from kernelcore.entrypoints.server.tools import ToolRequest, tool_call
 
 class ChoiceOutput:
     def __init__(self, tools: ToolRequest | None, tool_parser: Any = None, reasoning_parser: Any = None) -> None:
-        self.tools, self.tool_parser, self.reasoning_parser = tools, tool_parser, reasoning_parser
-        self.choice = tools.choice if tools is not None else "none"
+        self.tools = tools if tools is not None else ToolRequest()  # choice "none"
+        self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
+        self.choice = self.tools.choice
         # Streaming state.
         self.num_reasoning = 0
         self.num_content = 0
@@ -83,7 +84,7 @@ class ChoiceOutput:
         # The whole answer is the named tool's arguments (decoded under its schema): stream it as it comes.
         out = []
         if not self.call_ids and (answer or is_final):
-            call = tool_call(self.tools.name, "")
+            call = tool_call(self.tools.named_tool, "")
             self.call_ids.append(call["id"])
             out.append({"tool_calls": [{"index": 0, **call}]})
         if len(answer) > self.num_args:

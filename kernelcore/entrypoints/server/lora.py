@@ -10,7 +10,7 @@ from kernelcore import envs
 from kernelcore.entrypoints.server.state import ServerState, get_state, read_json
 from kernelcore.entrypoints.server.errors import APIError
 from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError
-from kernelcore.lora.serving import LoRAExistsError, LoRARequest, LoRAServing, LoRAUnknownError
+from kernelcore.lora.serving import LoRAExistsError, LoRAServing, LoRAUnknownError
 
 
 async def setup(app: web.Application, state: ServerState) -> LoRAServing:
@@ -27,13 +27,6 @@ async def setup(app: web.Application, state: ServerState) -> LoRAServing:
         app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     return serving
-
-
-async def get_adapter(serving: LoRAServing, name: str) -> LoRARequest | None:
-    try:
-        return await serving.get(name)
-    except (OSError, ValueError) as exc:  # a resolver raised, or what it found cannot be loaded
-        raise APIError(str(exc), 400, "model") from None
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

@@ -95,13 +95,13 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]], render: Callable
     rendered = render(placeheld)
     ids = list(tokenizer.encode("", add_special_tokens=True)) if add_special_tokens else []
     pieces = re.split(f"({tag}\\d+{tag})", rendered)
-    text = []
+    texts = []
     for piece in pieces:
         if piece in contents:
             content = contents[piece]
             ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            text.append(content)
+            texts.append(content)
         elif piece:
             ids += tokenizer.encode(piece, add_special_tokens=False)
-            text.append(piece)
-    return "".join(text), ids
+            texts.append(piece)
+    return "".join(texts), ids

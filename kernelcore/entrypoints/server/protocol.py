@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelcore.engine.sampling_params import MAX_SEED, SamplingParams
+from kernelcore.core_types.sampling_params import MAX_SEED, SamplingParams
 from kernelcore.entrypoints.server.errors import APIError, bad_request
 from kernelcore.entrypoints.server.tools import parse_tools
 from kernelcore.entrypoints.server.structured import (INFORMATIONAL_FIELDS, STRUCTURED_FIELDS, check_refused_fields,

@@ -67,9 +67,10 @@ class ServerState:
         """(name to echo, LoRA id) for the requested model: a base name, a loaded or resolvable adapter, or 404."""
         if model is None or model in self.options.served_model_names or self.lora is None:
             return self.check_model(model), 0
-        from kernelcore.entrypoints.server.lora import get_adapter
-
-        lora = await get_adapter(self.lora, model)
+        try:
+            lora = await self.lora.get(model)
+        except (OSError, ValueError) as exc:  # a resolver raised, or what it found cannot be loaded
+            raise APIError(str(exc), 400, "model") from None
         if lora is None:
             raise APIError(f"The model `{model}` does not exist.", 404, "model")
         return model, lora.lora_id

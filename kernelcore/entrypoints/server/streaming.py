@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 
 from kernelcore.engine.outputs import CompletionOutput, RequestOutput
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.entrypoints.server.errors import APIError
 
 logger = logging.getLogger("kernelcore.server")

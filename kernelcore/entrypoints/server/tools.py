@@ -27,6 +27,13 @@ class ToolRequest:
     name: str | None = None  # the named tool
     parallel: bool = True
 
+    @property
+    def named_tool(self) -> str:
+        """The tool a ``named`` choice names (validation sets ``name`` with that choice)."""
+        if self.name is None:
+            raise ValueError("tool_choice names no tool")
+        return self.name
+
     def schema(self, name: str) -> dict[str, Any]:
         tool = next(t for t in self.tools if t["name"] == name)
         return tool.get("parameters") or {"type": "object", "properties": {}}
@@ -34,7 +41,7 @@ class ToolRequest:
     def constraint(self) -> StructuredOutputsParams | None:
         """Named: the tool's parameters. Required: a non-empty array of {name, parameters} (one item if not parallel)."""
         if self.choice == "named":
-            return StructuredOutputsParams(json=json.dumps(self.schema(self.name)))
+            return StructuredOutputsParams(json=json.dumps(self.schema(self.named_tool)))
         if self.choice != "required":
             return None
         items = [{"type": "object", "properties": {"name": {"const": t["name"]}, "parameters": self.schema(t["name"])},
@@ -51,7 +58,7 @@ class ToolRequest:
                 json.loads(text)
             except ValueError:
                 return None
-            return [tool_call(self.name, text)]
+            return [tool_call(self.named_tool, text)]
         try:
             items = json.loads(text)
         except ValueError:

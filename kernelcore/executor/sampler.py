@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelcore.engine.sampling_params import SamplingParams
+from kernelcore.core_types.sampling_params import SamplingParams
 
 
 @dataclass
@@ -109,11 +109,13 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     output_counts = _token_counts(md.output_token_ids, vocab_size)
     prompt_mask = _token_counts(md.prompt_token_ids, vocab_size) > 0
     seen = prompt_mask | (output_counts > 0)
-    rep = md.repetition_penalty.unsqueeze(1).expand_as(logits)
+    repetition, frequency, presence = md.repetition_penalty, md.frequency_penalty, md.presence_penalty
+    assert repetition is not None and frequency is not None and presence is not None  # md.has_penalties
+    rep = repetition.unsqueeze(1).expand_as(logits)
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalised, logits)
-    logits = logits - md.frequency_penalty.unsqueeze(1) * output_counts
-    return logits - md.presence_penalty.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
+    logits = logits - frequency.unsqueeze(1) * output_counts
+    return logits - presence.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
@@ -147,7 +149,7 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        if md.grammar_bitmask is not None:  # before everything, logprobs included
+        if md.grammar_bitmask is not None and md.grammar_rows is not None:  # before everything, logprobs included
             logits = apply_bitmask_rows(logits, md.grammar_rows, md.grammar_bitmask)
         raw_logits = logits
         logits = logits.float()
@@ -158,8 +160,8 @@ class Sampler:
             cols = [t for _, ids in md.min_tokens_masks for t in ids]
             logits = logits.index_put((torch.tensor(rows), torch.tensor(cols)), torch.tensor(float("-inf")))
         if md.logit_bias is not None:
-            rows, cols, biases = md.logit_bias
-            logits = logits.index_put((rows, cols), biases, accumulate=True)
+            bias_rows, bias_cols, biases = md.logit_bias
+            logits = logits.index_put((bias_rows, bias_cols), biases, accumulate=True)
         if md.disallowed_mask is not None:
             logits = logits.masked_fill(md.disallowed_mask, float("-inf"))
         if md.is_all_greedy:
