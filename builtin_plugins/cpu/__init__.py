@@ -2,8 +2,10 @@
 
 from kernelcore import envs, hookimpl
 
-# 0 = the CPU platform's decode attention uses torch ops instead of the kernel built with g++.
+# 0 = the CPU platform's decode attention and small linears use torch ops instead of the kernels built with g++.
 envs.declare("KC_CPU_NATIVE_KERNELS", lambda v: v is None or envs.boolean(v), owner="cpu")
+# Linears with at most this many rows (decode steps) use the native small-M kernel; 0 = always torch/oneDNN.
+envs.declare("KC_CPU_SMALL_GEMM_ROWS", lambda v: 8 if v is None else int(v), owner="cpu")
 
 
 @hookimpl

@@ -6,6 +6,8 @@ the core's linear layers hold no CPU-specific code.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,20 +48,59 @@ def fast_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: 
     return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
 
 
+def _small_gemm():
+    from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel
+
+    return load_small_gemm_kernel()
+
+
 class OneDnnLinearMethod(UnquantizedLinearMethod):
+    """Decode-sized calls (a few rows) through the native small-M kernel, the rest through oneDNN/MKL."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        super().process_weights_after_loading(layer)
+        self._kernel = _small_gemm()
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return fast_linear(layer, x, layer.weight, bias)
+        weight = cast(torch.Tensor, layer.weight)
+        kernel = getattr(self, "_kernel", None)
+        if kernel is not None:
+            y = kernel(x, weight, None, bias, owner=layer)
+            if y is not None:
+                return y
+        if weight.dtype == x.dtype == torch.bfloat16 and torch.bfloat16 not in _PACKED_DTYPES:
+            return _upcast_linear(x, weight, bias)
+        return fast_linear(layer, x, weight, bias)
+
+
+def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """bf16 ``F.linear`` where the CPU has no bf16 matmul (AVX2): upcasting the weight per call and running
+    the fp32 GEMM is 4-5x faster at 16-128 rows (docs/performance.md); same fp32 accumulation, one rounding."""
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
 class CpuInt8LinearMethod(Int8LinearMethod):
-    """``torch._weight_int8pack_mm``: reads the int8 weight directly (a quarter of fp32's bytes per token)."""
+    """Reads the int8 weight directly (a quarter of fp32's bytes per token): the native small-M kernel for
+    decode-sized calls, ``torch._weight_int8pack_mm`` for the rest (prefill, large batches)."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        super().process_weights_after_loading(layer)
+        self._kernel = _small_gemm()
+        if self._kernel is not None:
+            scale = cast(torch.Tensor, layer.weight_scale)
+            layer.register_buffer("weight_scale_f32", scale.float(), persistent=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if not _INT8_MM or x.dtype != layer.weight_scale.dtype or x.device.type != "cpu" or x.numel() == 0:
+        qweight, scale = cast(torch.Tensor, layer.qweight), cast(torch.Tensor, layer.weight_scale)
+        kernel = getattr(self, "_kernel", None)
+        if kernel is not None and x.dtype == scale.dtype:
+            y = kernel(x, qweight, cast(torch.Tensor, layer.weight_scale_f32), bias, owner=layer)
+            if y is not None:
+                return y
+        if not _INT8_MM or x.dtype != scale.dtype or x.device.type != "cpu" or x.numel() == 0:
             return super().apply(layer, x, bias)
         x2 = x.reshape(-1, x.shape[-1])
-        y = torch._weight_int8pack_mm(x2 if x2.is_contiguous() else x2.contiguous(), layer.qweight,
-                                      layer.weight_scale)
+        y = torch._weight_int8pack_mm(x2 if x2.is_contiguous() else x2.contiguous(), qweight, scale)
         if bias is not None:
             y.add_(bias)
         return y.view(*x.shape[:-1], y.shape[-1])

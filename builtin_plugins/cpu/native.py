@@ -107,22 +107,23 @@ def load_paged_decode_kernel() -> PagedDecodeKernel | None:
         logger.info("KC_CPU_NATIVE_KERNELS=0: CPU decode attention uses torch ops")
         return None
     try:
-        return PagedDecodeKernel(ctypes.CDLL(str(_build())))
+        return PagedDecodeKernel(ctypes.CDLL(str(build_library(SOURCE))))
     except Exception as exc:  # no compiler, a failed build, an unloadable library: torch ops still work
         logger.warning("CPU decode-attention kernel unavailable (%s); using torch ops (slower)", exc)
         return None
 
 
-def _build() -> Path:
+def build_library(source: Path) -> Path:
+    """Compile one torch-free C++ source of csrc/ into a shared library (cached; rebuilt when it changes)."""
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not compiler:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
+    for part in (source.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
                  _compiler_version(compiler).encode(), _cpu_id().encode()):
         key.update(part)
     out_dir = Path(envs.KC_CACHE_DIR) / "cpu-kernels"
-    library = out_dir / f"paged_attention-{key.hexdigest()[:16]}.so"
+    library = out_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     _check_private(out_dir)
     if library.exists():
@@ -130,14 +131,14 @@ def _build() -> Path:
         return library
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         obj, tmp_lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
-        for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+        for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
                     [compiler, *LINK_FLAGS, str(obj), "-o", str(tmp_lib)]):
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if result.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()[-2000:]}")
         tmp_lib.chmod(0o755)  # whatever the umask: _check_private refuses group/world-writable files
         os.replace(tmp_lib, library)  # atomic: concurrent workers building the same key both end up with it
-    logger.info("built the CPU decode-attention kernel: %s", library)
+    logger.info("built the CPU kernel %s: %s", source.name, library)
     return library
 
 

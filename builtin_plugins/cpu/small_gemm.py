@@ -1,0 +1,97 @@
+"""The CPU platform's native small-M matmul (csrc/small_gemm.cpp): decode-sized linears over float32, bfloat16
+or int8 (per-output-channel scale) weights, built with the machine's compiler at first use (native.py).
+
+Batch-1 decode is memory bound: an int8 weight read as int8 moves half of bfloat16's bytes, which
+``torch._weight_int8pack_mm`` does not turn into speed on AVX2 CPUs (it is about bfloat16's speed there); nor
+is torch's bfloat16 ``F.linear`` fast there. The kernel takes linears of up to ``KC_CPU_SMALL_GEMM_ROWS`` rows
+(default 8; prefill and large batches are compute bound, where oneDNN/MKL are faster).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from builtin_plugins.cpu.native import build_library
+from kernelcore import envs
+
+logger = logging.getLogger("kernelcore.cpu")
+
+SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
+WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+ACT_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class SmallGemmKernel:
+    def __init__(self, library: ctypes.CDLL):
+        self._fn = library.kc_small_gemm
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        self._fn.argtypes = [ctypes.c_int, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
+                             ctypes.c_int]
+        self._fn.restype = ctypes.c_int
+        self.max_rows = envs.KC_CPU_SMALL_GEMM_ROWS  # read once: this runs on every decode-step linear
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, owner: object | None = None) -> torch.Tensor | None:
+        """``x [..., K] @ weight[N, K].T * scale[N] + bias[N]`` in x's dtype (float32 accumulation), or None
+        where the kernel does not apply (more than ``max_rows`` rows, another dtype or
+        layout): the caller keeps its torch path. ``scale`` float32 [N] (int8 weights). ``owner``: an object
+        (the layer) to cache the checked weight pointers on; its per-call cost is then a few microseconds."""
+        num_in = weight.shape[-1]
+        rows = x.numel() // num_in if num_in else 0
+        if not 0 < rows <= self.max_rows or x.dtype not in ACT_CODES:
+            return None
+        plan = owner.__dict__.get("_small_gemm") if owner is not None else None
+        key = (weight.data_ptr(), None if scale is None else scale.data_ptr(),
+               None if bias is None else bias.data_ptr(), x.dtype)
+        if plan is None or plan[0] != key:
+            plan = (key, self._plan(x, weight, scale, bias))
+            if owner is not None:
+                owner.__dict__["_small_gemm"] = plan
+        args = plan[1]
+        if args is None or x.shape[-1] != num_in:
+            return None
+        x2 = x.reshape(rows, num_in)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        w_code, x_code, w_ptr, s_ptr, b_ptr, num_out = args
+        y = torch.empty(rows, num_out, dtype=x.dtype)
+        if self._fn(w_code, x_code, x2.data_ptr(), x2.stride(0), w_ptr, s_ptr, b_ptr, y.data_ptr(), num_out, rows,
+                    num_out, num_in, torch.get_num_threads()) != 0:
+            raise ValueError("small gemm: the kernel refused the shapes")
+        return y.view(*x.shape[:-1], num_out)
+
+    @staticmethod
+    def _plan(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None):
+        """The raw arguments for this weight, or None where it is not supported. Raw pointers cross into C++:
+        everything the kernel would otherwise read out of bounds is checked here, once per weight."""
+        num_out = weight.shape[0] if weight.dim() == 2 else 0
+        if not (weight.dtype in WEIGHT_CODES and weight.dim() == 2 and weight.is_contiguous()
+                and weight.shape[1] % 8 == 0 and weight.device.type == x.device.type == "cpu"
+                and not (weight.requires_grad and torch.is_grad_enabled())):
+            return None
+        if (weight.dtype == torch.int8) != (scale is not None):
+            return None
+        if scale is not None and (scale.dtype != torch.float32 or scale.shape != (num_out,)
+                                  or not scale.is_contiguous()):
+            return None
+        if bias is not None and (bias.dtype != x.dtype or bias.shape != (num_out,) or not bias.is_contiguous()):
+            return None
+        return (WEIGHT_CODES[weight.dtype], ACT_CODES[x.dtype], weight.data_ptr(),
+                None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(), num_out)
+
+
+@functools.cache
+def load_small_gemm_kernel() -> SmallGemmKernel | None:
+    """The compiled kernel, or None (logged once) when it cannot be built here."""
+    if not envs.KC_CPU_NATIVE_KERNELS:
+        return None
+    try:
+        return SmallGemmKernel(ctypes.CDLL(str(build_library(SOURCE))))
+    except Exception as exc:  # no compiler, a failed build: the torch paths still work
+        logger.warning("CPU small-matmul kernel unavailable (%s); using torch ops", exc)
+        return None
