@@ -52,10 +52,11 @@ def _check_gguf(model: ModelConfig) -> None:
     from kernelcore.models import gguf_checkpoint
     from kernelcore.quantization import get_quantization_registry
 
-    if not gguf_checkpoint.is_gguf(model.model):
+    path = model.model
+    if path is None or not gguf_checkpoint.is_gguf(path):
         return
     registry = get_quantization_registry()
-    gguf_checkpoint.check_tensor_types(model.model, registry.names())
+    gguf_checkpoint.check_tensor_types(path, registry.names())
     if model.quantization is None:
         model.quantization = gguf_checkpoint.QUANTIZATION
         registry.get(model.quantization)

@@ -11,7 +11,10 @@ from kernelcore.config import KernelConfig
 
 
 def fingerprint(config: KernelConfig) -> dict[str, str]:
-    with open(os.path.join(config.model.model, "config.json"), "rb") as f:
+    model_dir = config.model.model
+    if model_dir is None:
+        raise ValueError("config.model.model is not set (build_config sets it)")
+    with open(os.path.join(model_dir, "config.json"), "rb") as f:
         model_hash = hashlib.sha256(f.read() + json.dumps(config.model.hf_overrides, sort_keys=True).encode())
     p = config.parallel
     return {"model config.json": model_hash.hexdigest()[:16], "architecture": str(config.model.architecture),

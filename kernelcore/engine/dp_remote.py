@@ -70,13 +70,14 @@ class ReplicaPort:
             logger.warning("%s", exc)
             conn.close()
             return
-        rank = hello.get("dp_rank")
-        where = f"data-parallel replica {rank} ({host})"
+        raw_rank = hello.get("dp_rank")
+        rank = raw_rank if isinstance(raw_rank, int) else -1  # -1: refused below, not a remote rank
+        where = f"data-parallel replica {raw_rank!r} ({host})"
         with self.changed:
             problems = [] if hello.get("kind") == "dp-replica" else [f"a {hello.get('kind')!r} connection"]
             problems += mismatches(self.expected, dict(hello.get("fingerprint") or {}), where)
             if rank not in self.remote:
-                problems.append(f"rank {rank!r} is not one of the remote replicas {sorted(self.remote)}")
+                problems.append(f"rank {raw_rank!r} is not one of the remote replicas {sorted(self.remote)}")
             elif rank in self.joined:
                 problems.append(f"rank {rank} already joined from {self.joined[rank][2]}")
             error = f"{where} cannot join the head at {self.address}: " + "; ".join(problems) if problems else ""

@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import hashlib
 import os
+from collections.abc import Awaitable
 from typing import Any
 
 from kernelcore.config import KernelConfig
@@ -63,7 +64,7 @@ async def start_replicas(config: KernelConfig) -> list[Replica]:
     local = list(p.data_parallel_local_ranks)
     configs = [config] if p.data_parallel_size == 1 else [
         dataclasses.replace(config, parallel=dataclasses.replace(p, data_parallel_rank=r)) for r in local]
-    starts = [_start_one(c) for c in configs]
+    starts: list[Awaitable[Replica | list[Replica]]] = [_start_one(c) for c in configs]
     if len(local) < p.data_parallel_size:
         starts.append(_join_remote(config))
     results = await asyncio.gather(*starts, return_exceptions=True)

@@ -29,7 +29,7 @@ class GGUFError(ValueError):
 
 
 def is_gguf(path: str | None) -> bool:
-    return bool(path) and path.endswith(".gguf") and os.path.isfile(path)
+    return path is not None and path.endswith(".gguf") and os.path.isfile(path)
 
 
 def method_name(tensor_type: str) -> str:
@@ -149,7 +149,7 @@ def iterate_weights(path: str, config) -> Iterator[tuple[str, torch.Tensor]]:
         if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in hf_name else config.num_key_value_heads
             weight = unpermute_qk(weight, heads)
-        weight.gguf_type = tensor.tensor_type.name
+        setattr(weight, "gguf_type", tensor.tensor_type.name)  # read by record_types' loaders
         yield hf_name, weight
 
 
@@ -170,4 +170,4 @@ def record_types(model: torch.nn.Module) -> None:
                 _module.__dict__.setdefault("gguf_types", set()).add(kind)
             return _inner(p, tensor, *args)
 
-        param.weight_loader = loader
+        setattr(param, "weight_loader", loader)

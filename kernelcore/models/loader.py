@@ -184,7 +184,7 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
             from kernelcore.config_builder import load_hf_config
 
             gguf_checkpoint.record_types(model)
-            model.load_weights(gguf_checkpoint.iterate_weights(config.model.model, load_hf_config(config.model)))
+            model.load_weights(gguf_checkpoint.iterate_weights(model_dir, load_hf_config(config.model)))
         else:
             model.load_weights(iterate_weights(model_dir))
         process_weights_after_loading(model)
