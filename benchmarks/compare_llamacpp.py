@@ -158,7 +158,7 @@ def kc_argv(path: str, flags: list[str], port: int, threads: int) -> list[str]:
 
 def llama_argv(binary: str, gguf: str, port: int, threads: int) -> list[str]:
     return [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads),
-            "-np", "32", "-c", str(32 * 1024), "--no-webui", "--no-mmap"]
+            "-np", "32", "-c", str(32 * 1024), "--no-webui", "--load-mode", "none"]
 
 
 @click.command()
