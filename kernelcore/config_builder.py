@@ -24,7 +24,7 @@ logger = logging.getLogger("kernelcore.config")
 def _load_hf_config_cached(model_path: str, overrides_json: str):
     from transformers import AutoConfig
 
-    from kernelcore.models import gguf_checkpoint
+    import kernelcore.models.gguf_checkpoint as gguf_checkpoint
 
     if gguf_checkpoint.is_gguf(model_path):
         hf_config = gguf_checkpoint.hf_config(model_path)
@@ -49,7 +49,7 @@ def load_hf_config(model: ModelConfig):
 def _check_gguf(model: ModelConfig) -> None:
     """A GGUF file: its tensors' types must each have a registered ``gguf_<type>`` method (refused by name
     otherwise, before any process starts); ``--quantization`` defaults to ``gguf`` (each layer as stored)."""
-    from kernelcore.models import gguf_checkpoint
+    import kernelcore.models.gguf_checkpoint as gguf_checkpoint
     from kernelcore.quantization import get_quantization_registry
 
     path = model.model

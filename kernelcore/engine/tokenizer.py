@@ -10,7 +10,7 @@ from typing import Any
 def get_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    from kernelcore.models import gguf_checkpoint
+    import kernelcore.models.gguf_checkpoint as gguf_checkpoint
 
     if gguf_checkpoint.is_gguf(path):  # the vocabulary embedded in the file
         tokenizer = gguf_checkpoint.tokenizer(path)
@@ -81,7 +81,7 @@ def try_get_tokenizer(path: str | None, required: bool = False):
 
     if path is None:  # a config not built by build_config (which always sets model.model)
         return None
-    from kernelcore.models import gguf_checkpoint
+    import kernelcore.models.gguf_checkpoint as gguf_checkpoint
 
     if gguf_checkpoint.is_gguf(path) and "tokenizer.ggml.model" not in gguf_checkpoint.reader(path).fields:
         if required:

@@ -149,25 +149,5 @@ def iterate_weights(path: str, config) -> Iterator[tuple[str, torch.Tensor]]:
         if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in hf_name else config.num_key_value_heads
             weight = unpermute_qk(weight, heads)
-        setattr(weight, "gguf_type", tensor.tensor_type.name)  # read by record_types' loaders
+        setattr(weight, "gguf_type", tensor.tensor_type.name)  # read by the loader's record_gguf_types
         yield hf_name, weight
-
-
-def record_types(model: torch.nn.Module) -> None:
-    """Wrap every parameter's weight_loader so each module learns the GGUF types its weight was loaded from
-    (``module.gguf_types``: {"Q8_0"}; a fused qkv/gate_up weight collects every part's type)."""
-    from kernelcore.models.loader import default_weight_loader
-
-    for module in model.modules():
-        param = module._parameters.get("weight")
-        if param is None:
-            continue
-        inner = getattr(param, "weight_loader", default_weight_loader)
-
-        def loader(p, tensor, *args, _inner=inner, _module=module):
-            kind = getattr(tensor, "gguf_type", None)
-            if kind is not None:
-                _module.__dict__.setdefault("gguf_types", set()).add(kind)
-            return _inner(p, tensor, *args)
-
-        setattr(param, "weight_loader", loader)

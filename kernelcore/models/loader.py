@@ -153,6 +153,24 @@ def process_weights_after_loading(model: nn.Module) -> None:
             method.process_weights_after_loading(module)
 
 
+def record_gguf_types(model: torch.nn.Module) -> None:
+    """Wrap every parameter's weight_loader so each module learns the GGUF types its weight was loaded from
+    (``module.gguf_types``: {"Q8_0"}; a fused qkv/gate_up weight collects every part's type)."""
+    for module in model.modules():
+        param = module._parameters.get("weight")
+        if param is None:
+            continue
+        inner = getattr(param, "weight_loader", default_weight_loader)
+
+        def loader(p, tensor, *args, _inner=inner, _module=module):
+            kind = getattr(tensor, "gguf_type", None)
+            if kind is not None:
+                _module.__dict__.setdefault("gguf_types", set()).add(kind)
+            return _inner(p, tensor, *args)
+
+        setattr(param, "weight_loader", loader)
+
+
 def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
     """Resolve the architecture in the registry, build it under the config and dtype, load its weights.
 
@@ -171,7 +189,7 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
     model_dir = config.model.model
     if model_dir is None:
         raise ValueError("config.model.model is not set (build_config sets it)")
-    from kernelcore.models import gguf_checkpoint
+    import kernelcore.models.gguf_checkpoint as gguf_checkpoint
 
     is_gguf = gguf_checkpoint.is_gguf(model_dir)
     if not is_dummy and not is_gguf:
@@ -183,7 +201,7 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
         elif is_gguf:
             from kernelcore.config_builder import load_hf_config
 
-            gguf_checkpoint.record_types(model)
+            record_gguf_types(model)
             model.load_weights(gguf_checkpoint.iterate_weights(model_dir, load_hf_config(config.model)))
         else:
             model.load_weights(iterate_weights(model_dir))
