@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import time
-from typing import Union
+from typing import Union, cast
 
 import msgspec
 
@@ -70,7 +70,8 @@ class ClusterServer:
         from builtin_plugins.executors.store import StoreTable
 
         p = config.parallel
-        self.parallel, self.secret = p, p.cluster_secret
+        # build_config requires the head's address, port and a secret when nnodes > 1
+        self.parallel, self.secret = p, cast(str, p.cluster_secret)
         self.address = f"{p.master_addr}:{p.master_port}"
         self.expected = fingerprint(config)
         self.table = StoreTable()
@@ -82,7 +83,7 @@ class ClusterServer:
         self.stop = threading.Event()
         self.node_threads: list[threading.Thread] = []
         self.node_channels: list[tuple[Channel, threading.Lock]] = []
-        self.sock = listen(p.master_addr, p.master_port)
+        self.sock = listen(cast(str, p.master_addr), cast(int, p.master_port))
         logger.info("Cluster port listening on %s for %d more node(s)", self.address, p.nnodes - 1)
         threading.Thread(target=self._accept_loop, name="kc-cluster-accept", daemon=True).start()
 
@@ -142,7 +143,7 @@ class ClusterServer:
         channel.send(NodeAccept())
         send_lock = threading.Lock()
         with self.changed:
-            self.nodes[node_rank] = host
+            self.nodes[cast(int, node_rank)] = host  # checked above
             self.node_channels.append((channel, send_lock))
             self.changed.notify_all()
         logger.info("%s joined", where)
@@ -205,7 +206,7 @@ def join_cluster(config: KernelConfig, rank: int) -> None:
     from kernelcore.platforms import current_platform
 
     p = config.parallel
-    sock = connect_authenticated(p.master_addr, p.master_port, p.cluster_secret,
+    sock = connect_authenticated(cast(str, p.master_addr), cast(int, p.master_port), cast(str, p.cluster_secret),
                                  {"kind": "store", "rank": rank, "node_rank": p.node_rank},
                                  timeout=envs.KC_READY_TIMEOUT)
     interface = interface_of(sock.getsockname()[0])  # the one this host reaches the head through

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import cast
 
 from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
@@ -39,7 +40,7 @@ def run_headless(config: KernelConfig) -> int:
     hostproc.set_role(f"node-{p.node_rank}")
     me, head = f"node {p.node_rank}", f"{p.master_addr}:{p.master_port}"
     try:
-        sock = connect_authenticated(p.master_addr, p.master_port, p.cluster_secret,
+        sock = connect_authenticated(cast(str, p.master_addr), cast(int, p.master_port), cast(str, p.cluster_secret),
                                      {"kind": "node", "node_rank": p.node_rank, "fingerprint": fingerprint(config)},
                                      timeout=envs.KC_READY_TIMEOUT)
         channel = Channel(sock, NodeMessage)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Union
+from typing import Union, cast
 
 import msgspec
 
@@ -82,6 +82,7 @@ class MultiprocExecutor(ExecutorBase):
             for listener in listeners:
                 self.channels.append(listener.accept(Reply, timeout=30))
             for rank in range(len(local_ranks), self.world_size):
+                assert self.cluster is not None  # ranks past this host's exist only with nnodes > 1
                 channel, self.hosts[rank] = self.cluster.worker_channel(rank, Reply, envs.KC_READY_TIMEOUT)
                 self.channels.append(channel)
         except BaseException:
@@ -106,7 +107,7 @@ class MultiprocExecutor(ExecutorBase):
     def block_size(self) -> int:
         return self.config.cache.block_size
 
-    def _call_all(self, message: WorkerRequest) -> list[int | None]:
+    def _call_all(self, message: WorkerRequest) -> list:
         """Every rank's answer; every reply is read before raising, so none is left to answer a later call.
 
         A RequestStateError on some rank (and nothing worse on any) is raised as one: that call failed alone.
@@ -223,7 +224,7 @@ def remote_worker_main(config: KernelConfig, rank: int) -> None:
     join_cluster(config, rank)
     worker = create_worker(config, rank=rank)
     p = config.parallel
-    sock = connect_authenticated(p.master_addr, p.master_port, p.cluster_secret,
+    sock = connect_authenticated(cast(str, p.master_addr), cast(int, p.master_port), cast(str, p.cluster_secret),
                                  {"kind": "worker", "rank": rank, "node_rank": p.node_rank})
     hostproc.report_ready({"rank": rank})
     serve_worker(worker, Channel(sock, WorkerRequest), rank)

@@ -55,8 +55,8 @@ class RayExecutor(ExecutorBase):
         self._encoder, self._decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Reply)
         try:
             ray.get(self.pg.ready(), timeout=envs.KC_READY_TIMEOUT)
-            store = StoreActor.options(num_cpus=0).remote()
-            self.actors = [RankActor.options(num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            store = StoreActor.options(num_cpus=0).remote()  # type: ignore[attr-defined]  # ray.remote's stub keeps the class type
+            self.actors = [RankActor.options(num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(  # type: ignore[attr-defined]
                 placement_group=self.pg, placement_group_bundle_index=rank)).remote(config.for_rank(rank), rank, store)
                 for rank in range(self.world_size)]
             self.store = store

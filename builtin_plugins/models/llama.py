@@ -6,7 +6,7 @@ subclass changes a class attribute (bias, q/k norm, the layer or MLP class) inst
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import torch
 from torch import nn
@@ -62,7 +62,7 @@ def layer_sliding_window(hf_config, layer_idx: int) -> int | None:
 def all_layers_window(hf_config) -> int | None:
     """The window every layer attends within (KV blocks behind it can be freed), None if any layer is full."""
     windows = [layer_sliding_window(hf_config, i) for i in range(hf_config.num_hidden_layers)]
-    return None if not windows or None in windows else max(windows)
+    return None if not windows or None in windows else max(cast("list[int]", windows))
 
 
 class LlamaAttention(nn.Module):
@@ -192,7 +192,8 @@ class LlamaForCausalLM(nn.Module):
             else PPMissingLayer()
         self.is_tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
         if self.is_tied and self.pp.num_stages == 1:
-            self.lm_head.tie_to(self.model.embed_tokens)
+            # one stage: the head and the embedding are both real layers
+            cast(ParallelLMHead, self.lm_head).tie_to(cast(VocabParallelEmbedding, self.model.embed_tokens))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: dict | None = None):
         return self.model(input_ids, positions, intermediate)

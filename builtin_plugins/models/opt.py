@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, cast
 
 import torch
 import torch.nn.functional as F
@@ -88,7 +88,7 @@ class OPTDecoder(nn.Module):
             hidden = self.embed_tokens(input_ids)
             if self.project_in is not None:
                 hidden = self.project_in(hidden)
-            hidden = hidden + F.embedding(positions + 2, self.embed_positions.weight)
+            hidden = hidden + F.embedding(positions + 2, cast(nn.Embedding, self.embed_positions).weight)  # first stage
         else:
             hidden = intermediate["hidden"]
         for layer in self.layers[self.start_layer:self.end_layer]:
@@ -128,7 +128,8 @@ class OPTForCausalLM(nn.Module):
             if self.pp.is_last else PPMissingLayer()
         self.is_tied = getattr(self.hf_config, "tie_word_embeddings", True)
         if self.is_tied and self.pp.num_stages == 1:
-            self.lm_head.tie_to(self.model.decoder.embed_tokens)
+            # one stage: the head and the embedding are both real layers
+            cast(ParallelLMHead, self.lm_head).tie_to(cast(VocabParallelEmbedding, self.model.decoder.embed_tokens))
         self.tp_size = get_tp_group().world_size
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: dict | None = None):

@@ -76,7 +76,8 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
                 param_name = f"{match['prefix']}.{'w2' if proj == 'down_proj' else 'w13'}_weight"
                 if param_name not in params:
                     raise ValueError(f"checkpoint tensor {name!r} has no expert parameter {param_name!r}")
-                params[param_name].weight_loader(params[param_name], tensor, int(match["expert"]), EXPERT_SHARD[proj])
+                loader = getattr(params[param_name], "weight_loader")  # set by FusedMoE on its parameters
+                loader(params[param_name], tensor, int(match["expert"]), EXPERT_SHARD[proj])
                 expert_params.add(param_name)
 
         loaded = load_params(self, dense(self.checkpoint_weights(weights)), self.stacked_params_mapping, self.rename_weight,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,6 +16,9 @@ from kernelcore.forward_context import set_forward_context
 from kernelcore.layers.attention import Attention
 from kernelcore.models.loader import get_dtype, get_model
 from kernelcore.pipeline import get_pp_group
+
+if TYPE_CHECKING:
+    from kernelcore.lora.manager import LoRAModelManager
 
 
 @dataclass
@@ -33,8 +37,8 @@ class ModelRunner:
         self.vocab_size: int = self.hf_config.vocab_size
         self.dtype = get_dtype(config.model.dtype)
         self.block_size = config.cache.block_size
-        self.model = None
-        self.lora_manager = None
+        self.model: Any = None  # the nn.Module get_model builds (duck-typed: compute_logits), once load_model ran
+        self.lora_manager: LoRAModelManager | None = None
         self.attn_layers: list[Attention] = []
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
@@ -69,6 +73,7 @@ class ModelRunner:
     def capture_graphs(self, backend) -> None:
         """Capture the decode forward for each size of ``capture_sizes`` (the KV cache is allocated)."""
         max_len = self.config.model.max_model_len
+        assert max_len is not None  # build_config fills it
         self.graph_runner = DecodeGraphRunner(
             self.model, backend, capture_sizes(self.config), max_blocks_per_seq=-(-max_len // self.block_size),
             pad_block=self.num_blocks, block_size=self.block_size, max_seq_len=max_len,
@@ -114,6 +119,7 @@ class ModelRunner:
         logits_idx = query_start_loc[1:][row_seq] - num_logits[row_seq] + (self._arange_to(total_logits) - logits_start[row_seq])
         lora_ids = None
         if any(e.lora_id for e in entries):
+            assert self.lora_manager is not None  # adapters are only added to a runner with LoRA enabled
             lora_ids = torch.tensor(self.lora_manager.activate([e.lora_id for e in entries]))[seq_idx]
         return input_ids, positions, metadata, logits_idx, lora_ids
 
@@ -122,10 +128,10 @@ class ModelRunner:
         """Float32 logits [sum(num_logits), vocab], rows in entry order (None on a stage before the last)."""
         input_ids, positions, metadata, logits_idx, lora_ids = self.prepare(entries)
         pp = get_pp_group()
-        use_graphs = self.graph_runner is not None and pp.num_stages == 1
-        graph_size = self.graph_runner.accepts(metadata, logits_idx, lora_ids) if use_graphs else None
-        if graph_size is not None:
-            logits = self.graph_runner.run(graph_size, input_ids, positions, metadata)
+        graph_runner = self.graph_runner if pp.num_stages == 1 else None
+        graph_size = graph_runner.accepts(metadata, logits_idx, lora_ids) if graph_runner is not None else None
+        if graph_runner is not None and graph_size is not None:
+            logits = graph_runner.run(graph_size, input_ids, positions, metadata)
         else:
             with set_forward_context(metadata, lora_ids):
                 if pp.num_stages > 1:

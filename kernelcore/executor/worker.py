@@ -14,7 +14,7 @@ from kernelcore.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput, TokenLogprobs
 from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.core_types.sampling_params import SamplingParams
-from kernelcore.executor.sampler import Sampler, build_metadata, compute_logprobs
+from kernelcore.executor.sampler import Sampler, SamplingMetadata, build_metadata, compute_logprobs
 
 logger = logging.getLogger("kernelcore.worker")
 
@@ -25,7 +25,7 @@ def _entry_cls() -> type:
         from kernelcore.executor.model_runner import SeqBatchEntry
     except ImportError:  # a runner-less worker (tests with a fake runner)
         @dataclass
-        class SeqBatchEntry:
+        class SeqBatchEntry:  # type: ignore[no-redef]  # the same fields, for when the import fails
             token_ids: list[int]
             num_computed_tokens: int
             block_table: list[int]
@@ -60,9 +60,9 @@ class WorkerBase:
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler()
         self.model_runner: Any = None  # a ModelRunner once load_model ran
-        self._metadata_key = None
-        self._metadata = None
-        self._grammar = None  # (rows, bitmask) of this step's constrained rows
+        self._metadata_key: tuple[str, ...] | None = None
+        self._metadata: SamplingMetadata | None = None
+        self._grammar: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, bitmask) of this step's constrained rows
 
     def init_device(self) -> None:
         torch.manual_seed(self.config.model.seed)
@@ -81,7 +81,9 @@ class WorkerBase:
         """As many blocks as ``cache.kv_cache_memory`` holds, capped at what max_num_seqs full-length sequences need."""
         cache = self.config.cache
         num_blocks = cache.kv_cache_memory // self.model_runner.kv_cache_bytes_per_block()
-        max_blocks_per_seq = -(-self.config.model.max_model_len // cache.block_size)
+        max_model_len = self.config.model.max_model_len
+        assert max_model_len is not None  # build_config fills it
+        max_blocks_per_seq = -(-max_model_len // cache.block_size)
         num_blocks = min(num_blocks, self.config.scheduler.max_num_seqs * max_blocks_per_seq)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory={cache.kv_cache_memory} bytes holds no KV block "
@@ -177,6 +179,7 @@ class WorkerBase:
             self._metadata_key = key
             self._metadata = build_metadata([s.params for s in states], [s.generator for s in states], self.vocab_size)
         md = self._metadata
+        assert md is not None  # built above on the first call (the key starts as None)
         md.grammar_rows, md.grammar_bitmask = self._grammar or (None, None)
         if md.has_min_tokens:
             md.min_tokens_masks = [(row, s.min_tokens_ids) for row, s in enumerate(states)
@@ -191,6 +194,7 @@ class WorkerBase:
         result = self.sampler(logits, md)
         output.sampled_token_ids = result.sampled_token_ids.tolist()
         if result.logprobs is not None:
+            assert result.logprob_token_ids is not None and result.ranks is not None  # set with logprobs
             ids, lps, ranks = result.logprob_token_ids.tolist(), result.logprobs.tolist(), result.ranks.tolist()
             for row, s in enumerate(states):
                 if s.params.logprobs is not None:
@@ -205,6 +209,8 @@ class WorkerBase:
             return []
         targets = torch.tensor(state.token_ids[first:last])
         rows = logits[first - 1 - start:last - 1 - start]
-        ids, lps, ranks = compute_logprobs(rows, targets, state.params.prompt_logprobs)
+        num_logprobs = state.params.prompt_logprobs
+        assert num_logprobs is not None  # otherwise num_prompt_logprobs_done starts at the prompt's end
+        ids, lps, ranks = compute_logprobs(rows, targets, num_logprobs)
         state.num_prompt_logprobs_done = last
         return [TokenLogprobs(i, lp, r) for i, lp, r in zip(ids.tolist(), lps.tolist(), ranks.tolist())]

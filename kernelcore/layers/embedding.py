@@ -11,6 +11,8 @@ from kernelcore.layers.linear import copy_checked, make_linear_method
 
 
 class VocabParallelEmbedding(nn.Module):
+    weight: nn.Parameter
+
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
         tp = get_tp_group()
@@ -20,7 +22,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start_idx = self.num_embeddings_per_partition * self.tp_rank
         self.vocab_end_idx = min(self.vocab_start_idx + self.num_embeddings_per_partition, num_embeddings)
         self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        setattr(self.weight, "weight_loader", self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         if self.tp_size == 1:
@@ -49,7 +51,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.is_tied = False
         if bias:
             self.bias = nn.Parameter(torch.empty(self.num_embeddings_per_partition), requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
+            setattr(self.bias, "weight_loader", self.weight_loader)
         else:
             self.register_parameter("bias", None)
 

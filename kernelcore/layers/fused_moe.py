@@ -47,7 +47,8 @@ class FusedMoE(CustomOp):
         inter = self.intermediate_per_rank
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
-        self.w13_weight.weight_loader = self.w2_weight.weight_loader = self.weight_loader
+        setattr(self.w13_weight, "weight_loader", self.weight_loader)
+        setattr(self.w2_weight, "weight_loader", self.weight_loader)
         self.loaded_shards: set[tuple[int, str]] = set()
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, expert: int, shard: str) -> None:

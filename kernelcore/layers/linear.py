@@ -6,6 +6,8 @@ copies this rank's slice of a full checkpoint tensor.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,7 +41,7 @@ class LinearMethodBase:
 
 class UnquantizedLinearMethod(LinearMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return F.linear(x, cast(torch.Tensor, layer.weight), bias)
 
 
 def quantize_int8_per_channel(weight: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,12 +61,12 @@ class Int8LinearMethod(LinearMethodBase):
     quantizes exactly as one rank does. A tied LM head keeps the shared float weight for the embedding."""
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        weight = layer.weight.data
+        weight = cast(torch.Tensor, layer.weight).data
         amax = weight.float().abs().amax(dim=1)
         if getattr(layer, "tp_dim", None) == 1 and getattr(layer, "tp_size", 1) > 1:
             amax = get_tp_group().all_gather(amax.unsqueeze(1).contiguous(), dim=1).amax(dim=1)
         qweight, scale = quantize_int8_per_channel(weight, amax)
-        layer.params_dtype = weight.dtype
+        setattr(layer, "params_dtype", weight.dtype)  # a dtype: nn.Module's __setattr__ is typed for tensors/modules
         layer.register_buffer("weight_scale", scale.to(weight.dtype), persistent=False)
         if getattr(layer, "is_tied", False):
             layer.register_buffer("qweight", qweight, persistent=False)
@@ -73,7 +75,8 @@ class Int8LinearMethod(LinearMethodBase):
             layer.qweight = layer.weight
 
     def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-        return layer.qweight.to(dtype) * layer.weight_scale.to(dtype).unsqueeze(1)
+        qweight, scale = cast(torch.Tensor, layer.qweight), cast(torch.Tensor, layer.weight_scale)
+        return qweight.to(dtype) * scale.to(dtype).unsqueeze(1)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
@@ -93,6 +96,9 @@ def divide(a: int, b: int) -> int:
 
 
 class LinearBase(nn.Module):
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_dim: int | None = None) -> None:
         super().__init__()
         tp = get_tp_group()
@@ -101,14 +107,14 @@ class LinearBase(nn.Module):
         self.params_dtype = torch.get_default_dtype()
         self.quant_method = make_linear_method()
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        setattr(self.weight, "weight_loader", self.weight_loader)
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
+            setattr(self.bias, "weight_loader", self.weight_loader)
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, *args) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, *args) -> None:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,18 +125,20 @@ class ReplicatedLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__(input_size, output_size, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
         copy_checked(param.data, loaded_weight)
 
 
 class ColumnParallelLinear(LinearBase):
     """Output features split over ranks; each rank returns its slice (no gather)."""
 
+    tp_dim: int  # always 0 here
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         tp_size = get_tp_group().world_size
         super().__init__(input_size, divide(output_size, tp_size), bias, tp_dim=0)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
         shard = param.data.size(self.tp_dim)
         if self.tp_size > 1:
             loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard, shard)
@@ -144,7 +152,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: int) -> None:
+    # Reached through the parameter's weight_loader attribute with a shard id, never as a plain column loader.
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int) -> None:  # type: ignore[override]
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         dst = param.data.narrow(self.tp_dim, offset, size)
@@ -171,7 +180,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
         super().__init__(hidden_size, output_size, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str) -> None:
+    # Reached through the parameter's weight_loader attribute with a shard id, never as a plain column loader.
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: str) -> None:  # type: ignore[override]
         if shard_id == "q":
             offset, size, rank = 0, self.q_size, self.tp_rank
         else:
@@ -192,7 +202,7 @@ class RowParallelLinear(LinearBase):
         tp_size = get_tp_group().world_size
         super().__init__(divide(input_size, tp_size), output_size, bias, tp_dim=1)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
         if param.dim() == 2 and self.tp_size > 1:
             shard = param.data.size(1)
             loaded_weight = loaded_weight.narrow(1, self.tp_rank * shard, shard)

@@ -13,14 +13,14 @@ all-reduced (a small ``[T, S*n*r]`` tensor) before the replicated B.
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.distributed import get_tp_group
-from kernelcore.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinear
+from kernelcore.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
 
 def slice_rows(base: LinearBase, num_slices: int) -> list[tuple[int, int]]:
@@ -30,7 +30,7 @@ def slice_rows(base: LinearBase, num_slices: int) -> list[tuple[int, int]]:
     if isinstance(base, QKVParallelLinear):
         sizes = [base.q_size, base.kv_size, base.kv_size]
     else:  # MergedColumnParallelLinear
-        sizes = [size // base.tp_size for size in base.output_sizes]
+        sizes = [size // base.tp_size for size in cast(MergedColumnParallelLinear, base).output_sizes]
     ends = list(accumulate(sizes))
     return [(end - size, end) for size, end in zip(sizes, ends)]
 
@@ -51,6 +51,8 @@ def full_features(base: LinearBase, index: int) -> tuple[int, int]:
 
 
 class LoRALinear(nn.Module):
+    lora_a: torch.Tensor  # a registered buffer
+
     def __init__(self, base: LinearBase, shard_ids: list[Any], num_slots: int, max_rank: int,
                  token_scales: Callable[[], torch.Tensor | None]) -> None:
         super().__init__()
@@ -58,7 +60,7 @@ class LoRALinear(nn.Module):
         self.is_row = isinstance(base, RowParallelLinear)
         self.num_slots, self.max_rank, self.num_slices = num_slots, max_rank, len(shard_ids)
         self.rows = slice_rows(base, self.num_slices)
-        like = dict(dtype=getattr(base, "params_dtype", base.weight.dtype), device=base.weight.device)
+        like: dict[str, Any] = dict(dtype=getattr(base, "params_dtype", base.weight.dtype), device=base.weight.device)
         self.register_buffer("lora_a", torch.zeros(num_slots * self.num_slices * max_rank, base.input_size, **like),
                              persistent=False)
         self.lora_b = [torch.zeros(end - start, num_slots * max_rank, **like) for start, end in self.rows]
