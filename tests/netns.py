@@ -55,6 +55,18 @@ class Hosts:
         subprocess.run(["ip", "netns", "exec", self.names[host], *args], check=True, capture_output=True, timeout=30)
 
 
+def kc_family(proc: subprocess.Popen) -> list[int]:
+    """The kernelcore processes (``kc::`` titles) below ``proc``, wherever they run."""
+    try:
+        return [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "kc::" in " ".join(p.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
     try:
         parent = psutil.Process(proc.pid)

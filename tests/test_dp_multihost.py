@@ -44,16 +44,6 @@ def remote_replica(hosts, model_dir: str, secret: str = SECRET):
                     "--kv-cache-memory", "16MiB", "--headless", KC_CLUSTER_SECRET=secret)
 
 
-def _kc_family(proc) -> list[int]:
-    try:
-        return [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "kc::" in " ".join(p.cmdline())]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _alive(pids) -> list[int]:
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-
 
 @pytest.mark.slow
 def test_dp2_across_two_hosts_answers_like_dp1_with_prefix_affinity(llama_dir, hosts):
@@ -141,7 +131,7 @@ def test_a_lost_remote_replica_is_dropped_and_the_local_one_serves_on(failure, l
     hosts.started += [node, head]
     head_children = json.loads(head.stdout.readline())["children"]
     assert head.stdout.readline().strip() == "GENERATING"
-    node_children = _kc_family(node)
+    node_children = netns.kc_family(node)
     assert len(head_children) == 1 and len(node_children) == 1  # one engine core (TP=1: worker inside) per host
     started = time.monotonic()
     if failure == "kill-remote-core":
@@ -160,4 +150,4 @@ def test_a_lost_remote_replica_is_dropped_and_the_local_one_serves_on(failure, l
     assert metric(result["metrics"], "kc:dp_replica_up", replica="1") == 0
     assert metric(result["metrics"], "kc:dp_replica_up", replica="0") == 1
     assert node.wait(60) == 1  # its engine core died, or lost the head
-    assert not _alive(head_children + node_children + [node.pid])
+    assert not netns.alive(head_children + node_children + [node.pid])

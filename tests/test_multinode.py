@@ -76,16 +76,6 @@ def hosts():
             netns.kill_tree(proc)
 
 
-def _family(proc) -> list[int]:
-    try:
-        return [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "kc::" in " ".join(p.cmdline())]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _alive(pids) -> list[int]:
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-
 
 @pytest.mark.parametrize("model,tp,pp", [("llama", 2, 1), ("opt", 2, 1),
                                          pytest.param("llama", 1, 2, marks=pytest.mark.slow),
@@ -213,7 +203,7 @@ def _start_serving(hosts, model_dir):
     hosts.started += [node, head]
     head_children = json.loads(head.stdout.readline())["children"]
     assert head.stdout.readline().strip() == "GENERATING"
-    return head, node, head_children, _family(node)
+    return head, node, head_children, netns.kc_family(node)
 
 
 @pytest.mark.slow
@@ -235,7 +225,7 @@ def test_losing_the_worker_node_kills_the_engine_and_leaves_no_process(failure, 
     assert detected < 20, f"the engine took {detected:.0f}s to notice"  # the bound (10 s heartbeat)
     assert head.wait(60) == 0
     assert node.wait(60) == 1  # its worker died, or the head fell silent
-    assert not _alive(head_children + node_children + [node.pid])
+    assert not netns.alive(head_children + node_children + [node.pid])
 
 
 @pytest.mark.slow
@@ -245,4 +235,4 @@ def test_a_headless_node_exits_when_the_head_dies(llama_dir, hosts):
     assert node.wait(60) == 1
     err = node.stderr.read()
     assert f"the head at {hosts.addrs[0]}:{PORT} is gone" in err
-    assert not _alive(head_children + node_children)
+    assert not netns.alive(head_children + node_children)

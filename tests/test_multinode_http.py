@@ -102,16 +102,6 @@ def hosts():
             netns.kill_tree(proc)
 
 
-def _kc_family(proc) -> list[int]:
-    try:
-        return [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "kc::" in " ".join(p.cmdline())]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _alive(pids) -> list[int]:
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-
 
 @pytest.mark.parametrize("failure", ["kill-remote-worker", "link-down"])
 def test_losing_the_headless_host_is_a_503_and_an_error_for_the_request_in_flight(failure, model_dir, hosts):
@@ -125,7 +115,7 @@ def test_losing_the_headless_host_is_a_503_and_an_error_for_the_request_in_fligh
     hosts.started.append(client)
     client_out = Drained(client.stdout)
     client_out.wait_for("STREAMING")
-    head_children, node_children = _kc_family(head), _kc_family(node)
+    head_children, node_children = netns.kc_family(head), netns.kc_family(node)
     assert len(head_children) == 2 and len(node_children) == 1, (head_children, node_children)  # core+worker-0 | worker-1
     started = time.monotonic()
     if failure == "kill-remote-worker":
@@ -144,4 +134,4 @@ def test_losing_the_headless_host_is_a_503_and_an_error_for_the_request_in_fligh
     assert head.wait(60) == 0, head_log.text()[-4000:]
     assert node.wait(60) == 1, node_log.text()[-4000:]  # its worker died, or the head fell silent
     assert f"node 1 ({hosts.addrs[1]})" in head_log.text() or "worker-1" in head_log.text()
-    assert not _alive(head_children + node_children + [head.pid, node.pid])
+    assert not netns.alive(head_children + node_children + [head.pid, node.pid])
