@@ -1,4 +1,4 @@
-"""Torch fallbacks for the kernel table (the CPU platform's overrides)."""
+"""The CPU platform's kernel table: torch fallbacks for the Triton kernels, its own MoE and pointwise ops."""
 
 from __future__ import annotations
 
@@ -13,3 +13,10 @@ def override_with_torch(kernels) -> None:
         from builtin_plugins.cpu.moe import onednn_fused_moe
 
         kernels.override("fused_moe", onednn_fused_moe, owner="cpu")
+    from builtin_plugins.cpu.pointwise import KERNELS
+
+    # The layers' CPU forwards call these entries: they exist even where no plugin registered the name.
+    for name, fn in KERNELS.items():
+        if not kernels.has(name):
+            kernels.register(name, fn)
+        kernels.override(name, fn, owner="cpu")

@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from builtin_plugins.cpu.hugepages import move_weights_to_huge_pages
+from kernelcore import envs
 from kernelcore.distributed import init_distributed
 from kernelcore.executor.worker import WorkerBase
 
@@ -16,6 +18,8 @@ class CpuWorker(WorkerBase):
 
         runner = CpuModelRunner(self.config)
         runner.load_model()
+        if envs.KC_CPU_HUGE_PAGES:
+            move_weights_to_huge_pages(runner.model)
         self.model_runner = runner
 
     def init_device(self) -> None:

@@ -92,14 +92,10 @@ class RotaryEmbedding(CustomOp):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def forward_cpu(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # q and k are usually adjacent column slices of the fused qkv output: rotate both in one pass.
-        n = q.shape[-1]
-        if self.rotary_dim != self.head_size or q.stride() != k.stride() \
-                or k.data_ptr() != q.data_ptr() + n * q.element_size():
-            return self.forward_native(positions, q, k)
-        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
-        out = self._rotate(q.as_strided((q.shape[0], n + k.shape[-1]), q.stride()), cos, sin)
-        return out[:, :n], out[:, n:]
+        # A CPU platform's kernel, when it put one in the table (the built-in one does).
+        if kernel_table.is_overridden("rotary_embedding"):
+            return self.forward_cuda(positions, q, k)
+        return self.forward_native(positions, q, k)
 
     def forward_cuda(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         # In place on q and k (column slices of the qkv output).

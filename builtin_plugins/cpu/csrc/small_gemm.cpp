@@ -19,6 +19,10 @@
 #include <cstring>
 #include <vector>
 
+#ifndef KC_PREFETCH_TILES
+#define KC_PREFETCH_TILES 2
+#endif
+
 namespace {
 
 typedef float f32x8 __attribute__((vector_size(32)));
@@ -33,9 +37,15 @@ inline f32x8 load8(const float* p) {
   return v;
 }
 inline f32x8 load8(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
+#ifdef __AVX2__
+  // GCC splits the generic widening into 128-bit halves (five instructions); this is vpmovzxwd + vpslld.
+  return (f32x8)_mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#else
   u16x8 h;
   std::memcpy(&h, p, sizeof h);
   return (f32x8)(__builtin_convertvector(h, u32x8) << 16);
+#endif
 }
 inline f32x8 load8(const int8_t* p) {
 #ifdef __AVX2__
@@ -89,8 +99,15 @@ void tile(const Args& a, const W* w, int64_t m0, int64_t n0) {
   const int64_t K = a.K;
   const float* x = a.x + m0 * K;
   const W* wr = w + n0 * K;
+  // A tile's rows are short streams (K elements each) that the hardware prefetcher barely ramps up on; the
+  // weight is read in order overall, so fetch the same columns of the tiles ahead while this one computes.
+  constexpr int64_t kLine = 64 / sizeof(W);
+  const int64_t ahead = KC_PREFETCH_TILES * NR * K;
   int64_t k = 0;
   for (; k + 8 * KU <= K; k += 8 * KU) {
+    if (k % kLine < 8 * KU) {
+      for (int r = 0; r < NR; ++r) __builtin_prefetch(wr + r * K + k + ahead, 0, 0);
+    }
     for (int u = 0; u < KU; ++u) {
       f32x8 wv[NR];
       for (int r = 0; r < NR; ++r) wv[r] = load8(wr + r * K + k + 8 * u);
@@ -137,6 +154,13 @@ void rows(const Args& a, const W* w, int64_t M, int64_t n0) {
 
 template <typename W, typename Y>
 void run(const Args& a, const W* w, int64_t M, int64_t N, int num_threads) {
+  if (M == 1 && sizeof(W) < 4) {
+    // One row of bfloat16/int8 at a time, four accumulators: a single sequential stream per thread, which
+    // measured 1.4x the bandwidth of four interleaved rows for these weights (float32 is the other way round).
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t n = 0; n < N; ++n) tile<W, Y, 1, 1, 4>(a, w, 0, n);
+    return;
+  }
   constexpr int NR = 4;
   const int64_t blocks = N / NR;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
