@@ -6,6 +6,8 @@ from kernelcore import envs, hookimpl
 envs.declare("KC_CPU_NATIVE_KERNELS", lambda v: v is None or envs.boolean(v), owner="cpu")
 # Linears with at most this many rows (decode steps) use the native small-M kernel; 0 = always torch/oneDNN.
 envs.declare("KC_CPU_SMALL_GEMM_ROWS", lambda v: 8 if v is None else int(v), owner="cpu")
+# Decode steps of at most this many sequences replay a recorded tape of kernel calls; 0 = always eager.
+envs.declare("KC_CPU_GRAPH_MAX_BATCH", lambda v: 8 if v is None else int(v), owner="cpu")
 # 0 = model weights stay in the loader's memory instead of one transparent-huge-page arena.
 envs.declare("KC_CPU_HUGE_PAGES", lambda v: v is None or envs.boolean(v), owner="cpu")
 

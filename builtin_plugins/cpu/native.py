@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from builtin_plugins.cpu.graphs import launch
 from builtin_plugins.cpu.platform import read_cpuinfo
 from kernelcore import envs
 
@@ -59,7 +60,7 @@ class PagedDecodeKernel:
                 and slot_mapping.dtype == torch.int64 and slot_mapping.shape == (num_tokens,)):
             raise ValueError("paged write: keys, values, caches or slot mapping do not match")
         slot_mapping = slot_mapping.contiguous()
-        status = self._write(DTYPE_CODES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
+        status = launch(self._write, DTYPE_CODES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
                              k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), num_tokens, num_kv_heads,
                              head_size, k_cache.shape[2], k_cache.shape[0], torch.get_num_threads())
         if status != 0:
@@ -89,7 +90,7 @@ class PagedDecodeKernel:
         block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
         num_seqs, num_heads, head_size = q.shape
         out = torch.empty_like(q)
-        status = self._fn(DTYPE_CODES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        status = launch(self._fn, DTYPE_CODES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                           block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads,
                           k_cache.shape[1], head_size, k_cache.shape[2], block_tables.shape[1], k_cache.shape[0],
                           scale, sliding_window or 0, torch.get_num_threads())

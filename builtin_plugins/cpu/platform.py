@@ -28,6 +28,12 @@ class CpuPlatform(Platform):
         return "builtin_plugins.cpu.attention.CpuAttentionBackend"
 
     @hookimpl
+    def get_graph_capture_backend_cls(self, config):
+        from kernelcore import envs
+
+        return "builtin_plugins.cpu.graphs.CpuGraphBackend" if envs.KC_CPU_GRAPH_MAX_BATCH > 0 else None
+
+    @hookimpl
     def get_device_communicator_cls(self):
         return "kernelcore.distributed.TorchDistCommunicator"
 

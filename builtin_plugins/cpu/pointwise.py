@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from builtin_plugins.cpu.graphs import launch
 from builtin_plugins.cpu.native import build_library
 from kernelcore import envs
 from kernelcore.kernels import torch_rotary_embedding
@@ -70,7 +71,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
             or weight.shape != (x.shape[-1],):
         return _torch_rms_norm(x, weight, eps)
     out = torch.empty(x2.shape, dtype=x.dtype)
-    _check(kernels.rms_norm(DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), None, 0, weight.data_ptr(),
+    _check(launch(kernels.rms_norm, DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), None, 0, weight.data_ptr(),
                             out.data_ptr(), out.stride(0), x2.shape[0], x2.shape[1], eps,
                             torch.get_num_threads()), "rms_norm")
     return out.view(x.shape)
@@ -86,7 +87,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         residual.add_(x)
         return _torch_rms_norm(residual, weight, eps), residual
     out = torch.empty(x.shape, dtype=x.dtype)
-    _check(kernels.rms_norm(DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), residual.data_ptr(),
+    _check(launch(kernels.rms_norm, DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), residual.data_ptr(),
                             residual.stride(0), weight.data_ptr(), out.data_ptr(), out.stride(0), x.shape[0],
                             x.shape[1], eps, torch.get_num_threads()), "rms_norm")
     return out, residual
@@ -118,7 +119,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     else:
         parts = [(query, query.shape[1] // head_size), (key, key.shape[1] // head_size)]
     for x, heads in parts:
-        if kernels.rotary(code, cache_code, positions.data_ptr(), x.data_ptr(), x.stride(0), num_tokens, heads,
+        if launch(kernels.rotary, code, cache_code, positions.data_ptr(), x.data_ptr(), x.stride(0), num_tokens, heads,
                           head_size, rotary_dim, cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], threads) != 0:
             raise ValueError(f"rotary embedding: a position is outside the cache's {cos_sin_cache.shape[0]} rows")
     return query, key
@@ -131,7 +132,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if kernels is None or not _rows(x2) or x.shape[-1] % 2:
         return F.silu(x[..., :d]).mul_(x[..., d:])
     out = torch.empty(x2.shape[0], d, dtype=x.dtype)
-    _check(kernels.silu_and_mul(DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), out.data_ptr(), out.stride(0),
+    _check(launch(kernels.silu_and_mul, DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), out.data_ptr(), out.stride(0),
                                 x2.shape[0], d, torch.get_num_threads()), "silu_and_mul")
     return out.view(*x.shape[:-1], d)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from builtin_plugins.cpu.graphs import launch
 from builtin_plugins.cpu.native import build_library
 from kernelcore import envs
 
@@ -60,7 +61,7 @@ class SmallGemmKernel:
             x2 = x2.contiguous()
         w_code, x_code, w_ptr, s_ptr, b_ptr, num_out = args
         y = torch.empty(rows, num_out, dtype=x.dtype)
-        if self._fn(w_code, x_code, x2.data_ptr(), x2.stride(0), w_ptr, s_ptr, b_ptr, y.data_ptr(), num_out, rows,
+        if launch(self._fn, w_code, x_code, x2.data_ptr(), x2.stride(0), w_ptr, s_ptr, b_ptr, y.data_ptr(), num_out, rows,
                     num_out, num_in, torch.get_num_threads()) != 0:
             raise ValueError("small gemm: the kernel refused the shapes")
         return y.view(*x.shape[:-1], num_out)

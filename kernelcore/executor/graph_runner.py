@@ -37,6 +37,9 @@ class GraphCaptureBackend:
     """How a platform records a callable's device work and replays it. One instance per worker."""
 
     name = "graphs"
+    # The largest batch this backend captures (None: every size of capture_sizes); a backend whose graphs
+    # cannot share memory keeps to the sizes where replaying pays.
+    max_capture_size: int | None = None
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:
         """Record ``fn`` (which reads and writes only tensors that outlive it) and return its replayer."""

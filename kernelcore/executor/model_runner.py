@@ -74,8 +74,12 @@ class ModelRunner:
         """Capture the decode forward for each size of ``capture_sizes`` (the KV cache is allocated)."""
         max_len = self.config.model.max_model_len
         assert max_len is not None  # build_config fills it
+        limit = backend.max_capture_size
+        sizes = [s for s in capture_sizes(self.config) if limit is None or s <= limit]
+        if not sizes:
+            return
         self.graph_runner = DecodeGraphRunner(
-            self.model, backend, capture_sizes(self.config), max_blocks_per_seq=-(-max_len // self.block_size),
+            self.model, backend, sizes, max_blocks_per_seq=-(-max_len // self.block_size),
             pad_block=self.num_blocks, block_size=self.block_size, max_seq_len=max_len,
             device=next(self.model.parameters()).device)
         if not self.graph_runner.capture():

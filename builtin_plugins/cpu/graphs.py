@@ -1,0 +1,128 @@
+"""CPU decode graphs: the decode forward recorded once per batch size as a tape of kernel calls, replayed
+without the Python around them.
+
+At batch 1 a decode step's kernels take a few milliseconds and the Python that reaches them (module calls,
+argument checks, dispatch) about as long again. Capturing runs the forward once, eagerly, and records in
+order every native kernel launch (``launch``: the raw ctypes call and its arguments) and every torch op
+that computes (through a dispatch mode; views and allocations are only kept alive). Replaying calls the
+recorded launches and ops again on the same tensors: the model runner's static input buffers feed the
+first, each op's output tensor is rewritten in place, and the last one holds the logits.
+
+As with CUDA graphs every host value is frozen: a forward that reads a tensor's value on the host
+(``.item()``, ``.tolist()``) cannot be captured, and the model runner then runs it eagerly. Native kernels
+keep their own bounds checks (block tables, slots, positions) at replay.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernelcore import envs
+from kernelcore.executor.graph_runner import GraphCaptureBackend
+
+logger = logging.getLogger("kernelcore.cpu")
+
+_tape: list[Callable[[], None]] | None = None  # the tape being recorded, if any
+
+aten = torch.ops.aten
+# Ops that only allocate or describe memory: nothing to redo at replay, but their tensors must stay alive.
+_NO_COMPUTE = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.detach.default,
+               aten.alias.default, aten.lift_fresh.default}
+_HOST_READS = {aten._local_scalar_dense.default, aten.item.default}
+
+
+class CaptureRefused(RuntimeError):
+    """The forward did something a replay could not repeat (it read a tensor's value on the host)."""
+
+
+def launch(fn: Callable[..., int], *args: Any) -> int:
+    """Call a native kernel (a ctypes function returning a status); recorded when a capture is running."""
+    if _tape is not None:
+        _tape.append(_NativeCall(fn, args))
+    return fn(*args)
+
+
+class _NativeCall:
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: Callable[..., int], args: tuple) -> None:
+        self.fn, self.args = fn, args
+
+    def __call__(self) -> None:
+        status = self.fn(*self.args)
+        if status != 0:  # the kernel's own checks (e.g. a block table outside the KV cache)
+            raise ValueError(f"CPU kernel {getattr(self.fn, '__name__', self.fn)} failed at replay ({status})")
+
+
+class _TorchCall:
+    __slots__ = ("func", "args", "kwargs", "out")
+
+    def __init__(self, func, args: tuple, kwargs: dict, out: Any) -> None:
+        self.func, self.args, self.kwargs, self.out = func, args, kwargs, out
+
+    def __call__(self) -> None:
+        result = self.func(*self.args, **self.kwargs)
+        outs, results = (self.out, result) if isinstance(self.out, (tuple, list)) else ((self.out,), (result,))
+        for out, new in zip(outs, results):
+            if isinstance(out, torch.Tensor) and new is not out:  # in-place ops return their argument
+                out.copy_(new)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, tape: list, keep: list) -> None:
+        super().__init__()
+        self.tape, self.keep = tape, keep
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _HOST_READS:
+            raise CaptureRefused(f"the forward reads a tensor on the host ({func})")
+        out = func(*args, **kwargs)
+        if func in _NO_COMPUTE or func.is_view:
+            self.keep.append(out)
+        else:
+            self.tape.append(_TorchCall(func, args, kwargs, out))
+        return out
+
+
+class CpuTape:
+    """One captured forward."""
+
+    def __init__(self, calls: list[Callable[[], None]], keep: list, output: torch.Tensor) -> None:
+        self.calls, self.keep, self.output = calls, keep, output
+
+    def replay(self) -> torch.Tensor:
+        for call in self.calls:
+            call()
+        return self.output
+
+
+class CpuGraphBackend(GraphCaptureBackend):
+    """The CPU platform's decode graphs (``get_graph_capture_backend_cls``). Each captured size keeps its own
+    intermediate tensors, so only small batches are captured (``KC_CPU_GRAPH_MAX_BATCH``, default 8): there
+    the Python is a large share of the step; larger batches are dominated by their matmuls."""
+
+    name = "CPU kernel-tape"
+
+    def __init__(self) -> None:
+        self.max_capture_size = envs.KC_CPU_GRAPH_MAX_BATCH
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> CpuTape:
+        global _tape
+        if _tape is not None:
+            raise RuntimeError("a CPU graph capture is already running")
+        calls: list[Callable[[], None]] = []
+        keep: list = []
+        _tape = calls
+        try:
+            with _Recorder(calls, keep):
+                output = fn()
+        finally:
+            _tape = None
+        if not isinstance(output, torch.Tensor):
+            raise CaptureRefused("the captured forward did not return a tensor")
+        return CpuTape(calls, keep, output)
