@@ -1,6 +1,6 @@
 """Decode graphs on the CPU: the capture/replay bookkeeping of kernelcore.executor.graph_runner, driven by the
 test double of the kc_dummy_triton_interp plugin (capture keeps the callable, a replay re-runs it on the static
-buffers). A graph runner and an eager runner load the same checkpoint and take the same steps; their logits
+buffers) and by the CPU platform's own kernel tapes (builtin_plugins/cpu/graphs.py). A graph runner and an eager runner load the same checkpoint and take the same steps; their logits
 and KV caches must agree for every batch size, padded or not, and steps a graph cannot take must fall back.
 
 With KC_TEST_DEVICE=cuda (benchmarks/gpu_check.sh) the same steps run on the GPU through the CUDA platform's
@@ -28,16 +28,16 @@ cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="the CPU platform and the 
 
 
 class GraphsOnCpu:
-    """A plugin lending the CPU platform the test double (the CPU platform itself captures nothing)."""
+    """A plugin lending the CPU platform the test double instead of its own kernel tapes."""
 
     @hookimpl
     def get_graph_capture_backend_cls(self, config):
         return "kc_dummy_triton_interp.graphs.RerunCaptureBackend"
 
 
-@pytest.fixture
-def graphs_plugin():
-    if DEVICE != "cpu":  # the CUDA platform names its CUDA graphs itself
+@pytest.fixture(params=["double", "platform"])
+def graphs_plugin(request):
+    if DEVICE != "cpu" or request.param == "platform":  # the platform's own graphs (CUDA graphs, CPU tapes)
         yield
         return
     pm = plugins.get_plugin_manager()
@@ -54,8 +54,8 @@ def checkpoint(request, tmp_path_factory):
 
 
 def make_runner(path: str, **kwargs) -> ModelRunner:
-    config = build_config(model=path, dtype="float32", block_size=BLOCK_SIZE, max_num_seqs=16,
-                          graph_capture_sizes=SIZES, **kwargs)
+    kwargs.setdefault("graph_capture_sizes", SIZES)
+    config = build_config(model=path, dtype="float32", block_size=BLOCK_SIZE, max_num_seqs=16, **kwargs)
     if DEVICE == "cpu":
         runner = ModelRunner(config)
     else:
@@ -145,9 +145,27 @@ def test_enforce_eager_and_platforms_without_graphs_capture_nothing(graphs_plugi
 
 
 @cpu_only
-def test_the_cpu_platform_captures_nothing(checkpoint):
+def test_the_cpu_platform_records_kernel_tapes_for_small_batches_only(checkpoint):
+    from builtin_plugins.cpu.graphs import CpuGraphBackend, CpuTape
+
     runner = make_runner(checkpoint)
-    assert runner.graph_runner is None and runner.kv_caches[0].shape[1] == NUM_BLOCKS
+    assert isinstance(runner.graph_runner.backend, CpuGraphBackend)
+    assert all(isinstance(g, CpuTape) and g.calls for g in runner.graph_runner.graphs.values())
+    limit = runner.graph_runner.backend.max_capture_size
+    runner = make_runner(checkpoint, graph_capture_sizes=[1, limit, limit + 8])
+    assert sorted(runner.graph_runner.graphs) == [1, limit]  # each tape keeps its own buffers: small ones only
+
+
+@cpu_only
+def test_a_cpu_tape_refuses_a_forward_that_reads_values_on_the_host():
+    from builtin_plugins.cpu.graphs import CaptureRefused, CpuGraphBackend
+
+    x = torch.ones(3)
+    with pytest.raises(CaptureRefused, match="host"):
+        CpuGraphBackend().capture(lambda: x * float(x.sum()))
+    tape = CpuGraphBackend().capture(lambda: (x * 2).add_(1))
+    x.fill_(5)
+    assert tape.replay().tolist() == [11.0, 11.0, 11.0]  # replays see the inputs' new values
 
 
 def test_a_hook_naming_something_else_is_a_clear_error(checkpoint):

@@ -82,11 +82,19 @@ class _Recorder(TorchDispatchMode):
         if func in _HOST_READS:
             raise CaptureRefused(f"the forward reads a tensor on the host ({func})")
         out = func(*args, **kwargs)
-        if func in _NO_COMPUTE or func.is_view:
+        if func in _NO_COMPUTE or (func.is_view and _aliases_an_input(out, args)):
             self.keep.append(out)
         else:
             self.tape.append(_TorchCall(func, args, kwargs, out))
         return out
+
+
+def _aliases_an_input(out: Any, args: tuple) -> bool:
+    """Whether ``out`` shares memory with an input. Ops that may alias (reshape, contiguous, split of a
+    non-contiguous tensor under inference mode) copy instead when they must: those are computed again."""
+    storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return all(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in storages for o in outs)
 
 
 class CpuTape:
