@@ -170,11 +170,12 @@ def get_device_communicator_cls() -> str | None:
 
 @hookspec(firstresult=True)
 def get_graph_capture_backend_cls(config: KernelConfig) -> str | None:
-    """Name the class that records and replays the decode forward (CUDA graphs on the CUDA platform).
+    """Name the class that records and replays the decode forward (CUDA graphs on the CUDA platform, tapes of
+    kernel launches on the CPU platform).
 
     When it names one, the model runner captures the forward of an all-decode batch for each size in
-    ``config.model.graph_capture_sizes`` once the KV cache is allocated, and replays the nearest larger
-    one for every decode step that fits; prefill, mixed and LoRA steps run eagerly. Not asked when
+    ``config.model.graph_capture_sizes`` (up to the backend's ``max_capture_size``) once the KV cache is
+    allocated, and replays the nearest larger one for every decode step that fits; prefill, mixed and LoRA steps run eagerly. Not asked when
     ``config.model.enforce_eager`` is set. The platform's attention backend must then read per-step
     lengths from the metadata's device tensors only (a graph freezes host values).
 

@@ -163,6 +163,11 @@ def test_a_cpu_tape_refuses_a_forward_that_reads_values_on_the_host():
     x = torch.ones(3)
     with pytest.raises(CaptureRefused, match="host"):
         CpuGraphBackend().capture(lambda: x * float(x.sum()))
+    with pytest.raises(CaptureRefused, match="host"):
+        CpuGraphBackend().capture(lambda: x * len((x > 0).tolist()))
+    with pytest.raises(CaptureRefused, match="shapes depend"):
+        CpuGraphBackend().capture(lambda: x[x > 0])
+    assert x.tolist() == [1.0, 1.0, 1.0]  # tolist is itself again
     tape = CpuGraphBackend().capture(lambda: (x * 2).add_(1))
     x.fill_(5)
     assert tape.replay().tolist() == [11.0, 11.0, 11.0]  # replays see the inputs' new values

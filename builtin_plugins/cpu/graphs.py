@@ -33,6 +33,9 @@ aten = torch.ops.aten
 _NO_COMPUTE = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.detach.default,
                aten.alias.default, aten.lift_fresh.default}
 _HOST_READS = {aten._local_scalar_dense.default, aten.item.default}
+# Ops whose output shape depends on the values: a replay would need another shape.
+_DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
+                   aten.unique_consecutive.default, aten.bincount.default, aten.argwhere.default}
 
 
 class CaptureRefused(RuntimeError):
@@ -69,6 +72,8 @@ class _TorchCall:
         outs, results = (self.out, result) if isinstance(self.out, (tuple, list)) else ((self.out,), (result,))
         for out, new in zip(outs, results):
             if isinstance(out, torch.Tensor) and new is not out:  # in-place ops return their argument
+                if new.shape != out.shape:
+                    raise RuntimeError(f"{self.func} changed shape at replay: {tuple(out.shape)} -> {tuple(new.shape)}")
                 out.copy_(new)
 
 
@@ -81,12 +86,20 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _HOST_READS:
             raise CaptureRefused(f"the forward reads a tensor on the host ({func})")
+        if func in _DATA_DEPENDENT or (func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None) \
+                or (func is aten.index.Tensor and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                      for i in args[1])):
+            raise CaptureRefused(f"the forward's shapes depend on tensor values ({func})")
         out = func(*args, **kwargs)
         if func in _NO_COMPUTE or (func.is_view and _aliases_an_input(out, args)):
             self.keep.append(out)
         else:
             self.tape.append(_TorchCall(func, args, kwargs, out))
         return out
+
+
+def _refuse_host_read(self, *args, **kwargs):
+    raise CaptureRefused("the forward reads a tensor on the host (tolist/numpy)")
 
 
 def _aliases_an_input(out: Any, args: tuple) -> bool:
@@ -106,7 +119,8 @@ class CpuTape:
     def replay(self) -> torch.Tensor:
         for call in self.calls:
             call()
-        return self.output
+        # A copy: the caller may keep the logits past the next replay (a few rows: a few microseconds).
+        return self.output.clone()
 
 
 class CpuGraphBackend(GraphCaptureBackend):
@@ -123,14 +137,22 @@ class CpuGraphBackend(GraphCaptureBackend):
         global _tape
         if _tape is not None:
             raise RuntimeError("a CPU graph capture is already running")
+        from kernelcore.distributed import get_tp_group
+
+        if get_tp_group().world_size > 1:  # gloo collectives run outside the dispatcher: a tape would skip them
+            raise CaptureRefused("tensor-parallel collectives are not recorded; decode steps run eagerly")
         calls: list[Callable[[], None]] = []
         keep: list = []
         _tape = calls
+        # tolist() and numpy() read values without dispatching an op the recorder would see.
+        saved = torch.Tensor.tolist, torch.Tensor.numpy
+        torch.Tensor.tolist = torch.Tensor.numpy = _refuse_host_read  # type: ignore[method-assign,assignment]
         try:
             with _Recorder(calls, keep):
                 output = fn()
         finally:
             _tape = None
+            torch.Tensor.tolist, torch.Tensor.numpy = saved  # type: ignore[method-assign]
         if not isinstance(output, torch.Tensor):
             raise CaptureRefused("the captured forward did not return a tensor")
         return CpuTape(calls, keep, output)
