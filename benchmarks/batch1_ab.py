@@ -45,12 +45,14 @@ def main(configs, threads, num_runs, max_tokens, prompt_len, checkpoint_dir):
         engines[config] = LLM(path, dtype=dtype, quantization=quantization or None, max_model_len=1024,
                               kv_cache_memory=64 << 20, max_num_seqs=8, num_threads=threads)
     kernel = load_small_gemm_kernel()
-    modes = {"torch": 0, "native": kernel.max_rows} if kernel is not None else {"torch": 0}
+    native_rows = dict(kernel.max_rows_by_dtype) if kernel is not None else {}
+    modes = {"torch": 0, "native": 1} if kernel is not None else {"torch": 0}
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     prompt = {"prompt_token_ids": list(range(500, 500 + prompt_len))}
     for llm in engines.values():
         for rows in modes.values():
-            kernel and setattr(kernel, "max_rows", rows)
+            if kernel is not None:
+                kernel.max_rows_by_dtype = {d: r * rows for d, r in native_rows.items()}
             llm.generate([prompt], params.clone(max_tokens=8), use_tqdm=False)  # warm-up (builds, packs)
     rates: dict[tuple[str, str], list[float]] = {(c, m): [] for c in engines for m in modes}
     cpu_rates: dict[tuple[str, str], list[float]] = {(c, m): [] for c in engines for m in modes}
@@ -60,7 +62,7 @@ def main(configs, threads, num_runs, max_tokens, prompt_len, checkpoint_dir):
         for config, llm in engines.items():
             for mode, rows in modes.items():
                 if kernel is not None:
-                    kernel.max_rows = rows
+                    kernel.max_rows_by_dtype = {d: r * rows for d, r in native_rows.items()}
                 start, cpu_start = time.perf_counter(), time.process_time()
                 out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
                 rates[(config, mode)].append(len(out.token_ids) / (time.perf_counter() - start))

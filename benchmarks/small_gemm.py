@@ -69,7 +69,7 @@ def main(threads, rows, repeats, calls, clock, shapes):
         for m in (int(r) for r in rows.split(",")):
             xs = {"fp32": torch.randn(m, k), "bf16": torch.randn(m, k).bfloat16()}
             kernel = load_small_gemm_kernel()
-            if kernel is not None and m > kernel.max_rows:  # it would return None: torch's paths only
+            if kernel is not None and m > kernel.max_rows_by_dtype[torch.float32]:  # native fp32 returns None
                 impls = {name: impl for name, impl in impls.items() if not name.startswith("native")}
             times: dict[str, list[float]] = {name: [] for name in impls}
             for _ in range(repeats):

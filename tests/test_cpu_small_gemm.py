@@ -1,5 +1,5 @@
 """The CPU platform's native small-M matmul against a float64 reference: float32/bfloat16/int8 weights, float32
-and bfloat16 activations, 1-8 rows, bias, strided rows; and the CPU linear methods that route decode-sized calls
+and bfloat16 activations, 1-8 rows (batches of up to 128 over low-precision weights), bias, strided rows; and the CPU linear methods that route decode-sized calls
 through it (int8 against its dequantized reference)."""
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ def random_weight(num_out, num_in, dtype, generator):
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(9))
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_matches_float64_reference(seed, w_dtype, x_dtype):
     g = torch.Generator().manual_seed(seed)
     rows = 1 + seed % 8 if seed < 5 else 8
+    if seed > 5 and w_dtype != torch.float32:  # batches: the 6-row tiles and each remainder
+        rows = (13, 37, 128)[seed - 6]
     num_in = 8 * int(torch.randint(1, 200, (1,), generator=g))
     num_out = int(torch.randint(1, 300, (1,), generator=g))  # blocks of 4 and a remainder
     weight, scale = random_weight(num_out, num_in, w_dtype, g)
@@ -63,7 +65,9 @@ def test_leading_dims_and_fallbacks():
     y = kernel(x, weight)
     assert y.shape == (2, 3, 40)
     torch.testing.assert_close(y, x @ weight.T, rtol=1e-5, atol=1e-5)
-    assert kernel(torch.randn(kernel.max_rows + 1, 64), weight) is None  # prefill-sized: torch's path
+    assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.float32] + 1, 64), weight) is None  # oneDNN's
+    assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.int8] + 1, 64), weight.to(torch.int8),
+                  torch.ones(40)) is None  # prefill-sized int8: torch's path
     assert kernel(torch.randn(1, 60), torch.randn(40, 60)) is None  # K not a multiple of 8
     assert kernel(torch.randn(1, 64, dtype=torch.float16), weight.half()) is None
     assert kernel(torch.randn(1, 64), weight.t().contiguous().t()) is None  # not row-major
@@ -78,7 +82,7 @@ def _layer(weight, bias=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 8, 20])
+@pytest.mark.parametrize("rows", [1, 3, 8, 20, 600])
 def test_int8_method_matches_dequantized_reference(dtype, rows):
     g = torch.Generator().manual_seed(rows)
     layer = _layer(torch.randn(96, 256, generator=g).to(dtype) * 0.05)
@@ -90,7 +94,7 @@ def test_int8_method_matches_dequantized_reference(dtype, rows):
     reference_weight = method.dequantized_weight(layer, torch.float64)
     expected = x.double() @ reference_weight.T + bias.double()
     magnitude = x.double().abs() @ reference_weight.abs().T + bias.double().abs()
-    y = method.apply(layer, x, bias)  # rows <= 8: the native kernel; 20: torch._weight_int8pack_mm
+    y = method.apply(layer, x, bias)  # rows <= 512: the native kernel; 600: torch._weight_int8pack_mm
     assert y.dtype == dtype
     # bfloat16: the reference's scale is rounded to bfloat16 (2^-8) and so is the output.
     bound = (1e-5 if dtype == torch.float32 else 1.6e-2) * magnitude + 1e-6

@@ -25,6 +25,7 @@ logger = logging.getLogger("kernelcore.cpu")
 SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
 WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACT_CODES = {torch.float32: 0, torch.bfloat16: 1}
+LOW_PRECISION_ROWS = (128, 512)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
 
 
 class SmallGemmKernel:
@@ -34,7 +35,13 @@ class SmallGemmKernel:
         self._fn.argtypes = [ctypes.c_int, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
                              ctypes.c_int]
         self._fn.restype = ctypes.c_int
-        self.max_rows = envs.KC_CPU_SMALL_GEMM_ROWS  # read once: this runs on every decode-step linear
+        # Read once: this runs on every decode-step linear. bfloat16/int8 weights have no fast torch path on
+        # AVX2 (an upcast per call, or _weight_int8pack_mm), so the kernel takes their batches too, up to
+        # where it measured faster (docs/performance.md); float32 weights go to oneDNN above a few rows.
+        rows = envs.KC_CPU_SMALL_GEMM_ROWS
+        self.max_rows_by_dtype = {torch.float32: rows, torch.bfloat16: rows and max(rows, LOW_PRECISION_ROWS[0]),
+                                  torch.int8: rows and max(rows, LOW_PRECISION_ROWS[1])}
+        self.max_rows = max(self.max_rows_by_dtype.values())
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
                  bias: torch.Tensor | None = None, owner: object | None = None) -> torch.Tensor | None:
@@ -44,7 +51,7 @@ class SmallGemmKernel:
         (the layer) to cache the checked weight pointers on; its per-call cost is then a few microseconds."""
         num_in = weight.shape[-1]
         rows = x.numel() // num_in if num_in else 0
-        if not 0 < rows <= self.max_rows or x.dtype not in ACT_CODES:
+        if not 0 < rows <= self.max_rows_by_dtype.get(weight.dtype, 0) or x.dtype not in ACT_CODES:
             return None
         plan = owner.__dict__.get("_small_gemm") if owner is not None else None
         key = (weight.data_ptr(), None if scale is None else scale.data_ptr(),

@@ -152,6 +152,20 @@ void rows(const Args& a, const W* w, int64_t M, int64_t n0) {
   }
 }
 
+template <typename W, typename Y, int NR>
+void rows_wide(const Args& a, const W* w, int64_t M, int64_t n0) {
+  int64_t m0 = 0;
+  for (; m0 + 6 <= M; m0 += 6) tile<W, Y, 6, NR, 1>(a, w, m0, n0);
+  switch (M - m0) {
+    case 5: tile<W, Y, 5, NR, 1>(a, w, m0, n0); break;
+    case 4: tile<W, Y, 4, NR, 1>(a, w, m0, n0); break;
+    case 3: tile<W, Y, 3, NR, 1>(a, w, m0, n0); break;
+    case 2: tile<W, Y, 2, NR, 1>(a, w, m0, n0); break;
+    case 1: tile<W, Y, 1, NR, 2>(a, w, m0, n0); break;
+    default: break;
+  }
+}
+
 template <typename W, typename Y>
 void run(const Args& a, const W* w, int64_t M, int64_t N, int num_threads) {
   if (M == 1 && sizeof(W) < 4) {
@@ -159,6 +173,16 @@ void run(const Args& a, const W* w, int64_t M, int64_t N, int num_threads) {
     // measured 1.4x the bandwidth of four interleaved rows for these weights (float32 is the other way round).
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t n = 0; n < N; ++n) tile<W, Y, 1, 1, 4>(a, w, 0, n);
+    return;
+  }
+  if (M > 4 && sizeof(W) < 4) {
+    // Batches of rows over bfloat16/int8 weights are compute bound: 6 activation rows x 2 weight rows is 12
+    // accumulators, which fit the 16 AVX2 registers with the weights and one activation (4 x 4 spilled).
+    constexpr int NR2 = 2;
+    const int64_t blocks = N / NR2;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) rows_wide<W, Y, NR2>(a, w, M, b * NR2);
+    for (int64_t n = blocks * NR2; n < N; ++n) rows_wide<W, Y, 1>(a, w, M, n);
     return;
   }
   constexpr int NR = 4;
