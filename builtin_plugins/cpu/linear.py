@@ -77,7 +77,8 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
 _scratch = threading.local()
 
 
-def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   scale: torch.Tensor | None = None) -> torch.Tensor:
     """bf16 ``F.linear`` where the CPU has no bf16 matmul (AVX2): upcasting the weight per call and running
     the fp32 GEMM is 4-5x faster at 16-128 rows (docs/performance.md); same fp32 accumulation, one rounding.
     The fp32 copy goes to a buffer kept per thread: a fresh tensor per call was a new mapping page-faulted in
@@ -87,12 +88,15 @@ def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         buffer = _scratch.buffer = torch.empty(weight.numel(), dtype=torch.float32)
     upcast = buffer[:weight.numel()].view(weight.shape)
     upcast.copy_(weight)
+    if scale is not None:  # an int8 weight's per-output-channel scale
+        upcast.mul_(scale[:, None])
     return F.linear(x.float(), upcast, None if bias is None else bias.float()).to(x.dtype)
 
 
 class CpuInt8LinearMethod(Int8LinearMethod):
-    """Reads the int8 weight directly (a quarter of fp32's bytes per token): the native small-M kernel for
-    decode-sized calls, ``torch._weight_int8pack_mm`` for the rest (prefill, large batches)."""
+    """Reads the int8 weight directly (a quarter of fp32's bytes per token): the native kernel for decode
+    steps and batches up to its row limit; prefill-sized calls dequantize into a reused float32 buffer and run
+    oneDNN/MKL; ``torch._weight_int8pack_mm`` where the kernel could not be built."""
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         super().process_weights_after_loading(layer)
@@ -108,6 +112,10 @@ class CpuInt8LinearMethod(Int8LinearMethod):
             y = kernel(x, qweight, cast(torch.Tensor, layer.weight_scale_f32), bias, owner=layer)
             if y is not None:
                 return y
+        if kernel is not None and x.dtype == scale.dtype and x.device.type == "cpu":
+            # Prefill-sized: dequantized into the reused float32 buffer, then oneDNN/MKL (1.4x
+            # _weight_int8pack_mm at 2048 rows on AVX2; docs/performance.md).
+            return _upcast_linear(x, qweight, bias, cast(torch.Tensor, layer.weight_scale_f32))
         if not _INT8_MM or x.dtype != scale.dtype or x.device.type != "cpu" or x.numel() == 0:
             return super().apply(layer, x, bias)
         x2 = x.reshape(-1, x.shape[-1])

@@ -25,7 +25,7 @@ logger = logging.getLogger("kernelcore.cpu")
 SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
 WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACT_CODES = {torch.float32: 0, torch.bfloat16: 1}
-LOW_PRECISION_ROWS = (128, 512)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
+LOW_PRECISION_ROWS = (128, 256)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
 
 
 class SmallGemmKernel:
