@@ -89,6 +89,8 @@ def test_kernel_table_registers_lazily_and_cpu_overrides_with_torch():
         after = kernel_table.winners()
         # every kernel falls back to torch, but fused_moe, which gets the CPU's prepacked-expert version
         assert after.pop("fused_moe") == "cpu:onednn_fused_moe", after
+        for name in ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul"):  # native, torch fallback
+            assert after.pop(name) == f"cpu:{name}", after
         assert all(w.startswith("cpu:torch_") for w in after.values()), after
         print("triton" in sys.modules)
     """).stdout.split()
