@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
@@ -32,6 +33,7 @@ SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
 COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17"]
 LINK_FLAGS = ["-shared", "-fopenmp"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+T = TypeVar("T")
 
 
 class PagedDecodeKernel:
@@ -104,13 +106,19 @@ class PagedDecodeKernel:
 @functools.cache
 def load_paged_decode_kernel() -> PagedDecodeKernel | None:
     """The compiled kernel, or None (logged once) when it cannot be built here."""
+    return load_native(SOURCE, PagedDecodeKernel, "decode-attention kernel")
+
+
+def load_native(source: Path, wrapper: Callable[[ctypes.CDLL], T], what: str) -> T | None:
+    """``wrapper`` around the library built from ``source``, or None (logged) with ``KC_CPU_NATIVE_KERNELS=0``
+    or where it cannot be built or loaded: the callers keep their torch paths."""
     if not envs.KC_CPU_NATIVE_KERNELS:
-        logger.info("KC_CPU_NATIVE_KERNELS=0: CPU decode attention uses torch ops")
+        logger.info("KC_CPU_NATIVE_KERNELS=0: the CPU %s is not used (torch ops)", what)
         return None
     try:
-        return PagedDecodeKernel(ctypes.CDLL(str(build_library(SOURCE))))
+        return wrapper(ctypes.CDLL(str(build_library(source))))
     except Exception as exc:  # no compiler, a failed build, an unloadable library: torch ops still work
-        logger.warning("CPU decode-attention kernel unavailable (%s); using torch ops (slower)", exc)
+        logger.warning("CPU %s unavailable (%s); using torch ops (slower)", what, exc)
         return None
 
 

@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import torch
 
 from builtin_plugins.cpu.graphs import launch
-from builtin_plugins.cpu.native import build_library
+from builtin_plugins.cpu.native import load_native
 from kernelcore import envs
-
-logger = logging.getLogger("kernelcore.cpu")
 
 SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
 WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACT_CODES = {torch.float32: 0, torch.bfloat16: 1}
 LOW_PRECISION_ROWS = (128, 256)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
-
 
 class SmallGemmKernel:
     def __init__(self, library: ctypes.CDLL):
@@ -92,14 +88,7 @@ class SmallGemmKernel:
         return (WEIGHT_CODES[weight.dtype], ACT_CODES[x.dtype], weight.data_ptr(),
                 None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(), num_out)
 
-
 @functools.cache
 def load_small_gemm_kernel() -> SmallGemmKernel | None:
     """The compiled kernel, or None (logged once) when it cannot be built here."""
-    if not envs.KC_CPU_NATIVE_KERNELS:
-        return None
-    try:
-        return SmallGemmKernel(ctypes.CDLL(str(build_library(SOURCE))))
-    except Exception as exc:  # no compiler, a failed build: the torch paths still work
-        logger.warning("CPU small-matmul kernel unavailable (%s); using torch ops", exc)
-        return None
+    return load_native(SOURCE, SmallGemmKernel, "small-matmul kernel")

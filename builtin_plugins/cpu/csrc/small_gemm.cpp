@@ -140,30 +140,24 @@ void tile(const Args& a, const W* w, int64_t m0, int64_t n0) {
   }
 }
 
-template <typename W, typename Y, int NR>
-void rows(const Args& a, const W* w, int64_t M, int64_t n0) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= M; m0 += 4) tile<W, Y, 4, NR, 1>(a, w, m0, n0);
-  switch (M - m0) {
-    case 3: tile<W, Y, 3, NR, 1>(a, w, m0, n0); break;
-    case 2: tile<W, Y, 2, NR, 1>(a, w, m0, n0); break;
-    case 1: tile<W, Y, 1, NR, 2>(a, w, m0, n0); break;
-    default: break;
+// The last `left` (< R + 1) activation rows in one tile of that height (one row: two-way K unrolling).
+template <typename W, typename Y, int R, int NR>
+void remainder(const Args& a, const W* w, int64_t left, int64_t m0, int64_t n0) {
+  if constexpr (R >= 1) {
+    if (left == R) {
+      tile<W, Y, R, NR, R == 1 ? 2 : 1>(a, w, m0, n0);
+      return;
+    }
+    remainder<W, Y, R - 1, NR>(a, w, left, m0, n0);
   }
 }
 
-template <typename W, typename Y, int NR>
-void rows_wide(const Args& a, const W* w, int64_t M, int64_t n0) {
+// All M activation rows against weight rows n0..n0+NR, MR rows at a time.
+template <typename W, typename Y, int MR, int NR>
+void rows(const Args& a, const W* w, int64_t M, int64_t n0) {
   int64_t m0 = 0;
-  for (; m0 + 6 <= M; m0 += 6) tile<W, Y, 6, NR, 1>(a, w, m0, n0);
-  switch (M - m0) {
-    case 5: tile<W, Y, 5, NR, 1>(a, w, m0, n0); break;
-    case 4: tile<W, Y, 4, NR, 1>(a, w, m0, n0); break;
-    case 3: tile<W, Y, 3, NR, 1>(a, w, m0, n0); break;
-    case 2: tile<W, Y, 2, NR, 1>(a, w, m0, n0); break;
-    case 1: tile<W, Y, 1, NR, 2>(a, w, m0, n0); break;
-    default: break;
-  }
+  for (; m0 + MR <= M; m0 += MR) tile<W, Y, MR, NR, 1>(a, w, m0, n0);
+  remainder<W, Y, MR - 1, NR>(a, w, M - m0, m0, n0);
 }
 
 template <typename W, typename Y>
@@ -181,15 +175,15 @@ void run(const Args& a, const W* w, int64_t M, int64_t N, int num_threads) {
     constexpr int NR2 = 2;
     const int64_t blocks = N / NR2;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) rows_wide<W, Y, NR2>(a, w, M, b * NR2);
-    for (int64_t n = blocks * NR2; n < N; ++n) rows_wide<W, Y, 1>(a, w, M, n);
+    for (int64_t b = 0; b < blocks; ++b) rows<W, Y, 6, NR2>(a, w, M, b * NR2);
+    for (int64_t n = blocks * NR2; n < N; ++n) rows<W, Y, 6, 1>(a, w, M, n);
     return;
   }
   constexpr int NR = 4;
   const int64_t blocks = N / NR;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) rows<W, Y, NR>(a, w, M, b * NR);
-  for (int64_t n = blocks * NR; n < N; ++n) rows<W, Y, 1>(a, w, M, n);
+  for (int64_t b = 0; b < blocks; ++b) rows<W, Y, 4, NR>(a, w, M, b * NR);
+  for (int64_t n = blocks * NR; n < N; ++n) rows<W, Y, 4, 1>(a, w, M, n);
 }
 
 template <typename X>
