@@ -106,6 +106,7 @@ def init_distributed(world_size: int, rank: int, init_method: str | None, backen
 
     if backend in ("gloo", "nccl"):  # nccl's bootstrap sockets follow the hostname the same way
         os.environ.setdefault(f"{backend.upper()}_SOCKET_IFNAME", loopback_interface())
+    prepare_process_group()
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size)
     if tp == world_size:
@@ -113,6 +114,19 @@ def init_distributed(world_size: int, rank: int, init_method: str | None, backen
         return
     groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(world_size // tp)]  # every rank, same order
     set_tp_group(make_device_communicator(groups[rank // tp]) if tp > 1 else None)
+
+
+def prepare_process_group() -> None:
+    """Call before ``torch.distributed.init_process_group`` (``init_distributed`` does; an executor that joins
+    the group itself calls it first): imports the torch modules whose function defaults are ``group.WORLD``.
+
+    ``torch.distributed.nn.functional`` evaluates ``group=group.WORLD`` when it is first imported, and
+    transformers imports it lazily (loading a config is enough). Imported after ``init_process_group``, its
+    defaults keep the default group alive past ``destroy_process_group``: gloo's threads then outlive the
+    group and die with the interpreter, which aborted ranks at exit ("terminate called without an active
+    exception"). Imported first, the defaults are None.
+    """
+    import torch.distributed.nn.functional  # noqa: F401
 
 
 def shutdown_distributed() -> None:

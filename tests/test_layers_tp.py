@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -30,6 +33,18 @@ def run_steps(path: str) -> torch.Tensor:
     return torch.cat(rows)
 
 
+def gloo_threads() -> list[str]:
+    """This process's gloo threads, by name (Linux's /proc; empty elsewhere)."""
+    names = []
+    for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            continue
+    return [n for n in names if "gloo" in n]
+
+
 def _worker(rank: int, world_size: int, store: str, path: str, out: str) -> None:
     import torch.distributed as dist
 
@@ -50,6 +65,11 @@ def _worker(rank: int, world_size: int, store: str, path: str, out: str) -> None
         set_tp_group(None)
         dist.destroy_process_group()
     assert get_tp_group().world_size == 1
+    # Nothing may keep the group alive past destroy_process_group: its gloo threads would die with the
+    # interpreter and abort the rank at exit (a default argument captured group.WORLD once, see
+    # kernelcore.distributed.prepare_process_group).
+    gc.collect()
+    assert gloo_threads() == []
 
 
 TP_VARIANTS = {

@@ -203,6 +203,7 @@ def join_cluster(config: KernelConfig, rank: int) -> None:
 
     from builtin_plugins.executors.store import ClusterStore, StoreReply
     from kernelcore import envs
+    from kernelcore.distributed import prepare_process_group
     from kernelcore.platforms import current_platform
 
     p = config.parallel
@@ -215,4 +216,5 @@ def join_cluster(config: KernelConfig, rank: int) -> None:
             os.environ[variable] = interface
     store = ClusterStore(Channel(sock, StoreReply), timeout=envs.KC_READY_TIMEOUT)
     _stores.append(store)
+    prepare_process_group()  # before the group exists: see its docstring
     dist.init_process_group(backend=current_platform.dist_backend, store=store, rank=rank, world_size=p.world_size)

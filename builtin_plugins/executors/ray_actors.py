@@ -94,6 +94,7 @@ class RankActor:
 
     def __init__(self, config, rank: int, store_actor) -> None:
         from kernelcore import envs, hostproc, platforms
+        from kernelcore.distributed import prepare_process_group
         from kernelcore.executor.uniproc import create_worker
         from kernelcore.logging_setup import configure_logging
 
@@ -117,6 +118,7 @@ class RankActor:
             for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 if interface and not os.environ.get(variable):
                     os.environ[variable] = interface
+            prepare_process_group()  # before the group exists: see its docstring
             dist.init_process_group(backend=platforms.current_platform.dist_backend, store=self.store, rank=rank,
                                     world_size=config.parallel.world_size)
         self.worker = create_worker(config, rank=rank)
