@@ -1,5 +1,5 @@
 """The CPU platform's native small-M matmul against a float64 reference: float32/bfloat16/int8 weights, float32
-and bfloat16 activations, 1-8 rows (batches of up to 128 over low-precision weights), bias, strided rows; and the CPU linear methods that route decode-sized calls
+and bfloat16 activations, 1-8 rows (batches of up to 300 over low-precision weights, in several L2-sized passes), bias, strided rows; and the CPU linear methods that route decode-sized calls
 through it (int8 against its dequantized reference)."""
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ def random_weight(num_out, num_in, dtype, generator):
 def test_matches_float64_reference(seed, w_dtype, x_dtype):
     g = torch.Generator().manual_seed(seed)
     rows = 1 + seed % 8 if seed < 5 else 8
-    if seed > 5 and w_dtype != torch.float32:  # batches: the 6-row tiles and each remainder
-        rows = (13, 37, 128)[seed - 6]
+    if seed > 5 and w_dtype != torch.float32:  # batches: the 6-row tiles, each remainder, several passes
+        rows = (13, 37, 300)[seed - 6]
     num_in = 8 * int(torch.randint(1, 200, (1,), generator=g))
+    if rows == 300:  # 60 rows of 1024 fill the kernel's 256 KiB pass: five passes, the last one short
+        num_in = 1024
     num_out = int(torch.randint(1, 300, (1,), generator=g))  # blocks of 4 and a remainder
     weight, scale = random_weight(num_out, num_in, w_dtype, g)
     bias = (torch.randn(num_out, generator=g) if seed % 2 else None)
@@ -82,7 +84,7 @@ def _layer(weight, bias=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 8, 20, 600])
+@pytest.mark.parametrize("rows", [1, 3, 8, 20, 600, 2100])
 def test_int8_method_matches_dequantized_reference(dtype, rows):
     g = torch.Generator().manual_seed(rows)
     layer = _layer(torch.randn(96, 256, generator=g).to(dtype) * 0.05)
@@ -94,7 +96,7 @@ def test_int8_method_matches_dequantized_reference(dtype, rows):
     reference_weight = method.dequantized_weight(layer, torch.float64)
     expected = x.double() @ reference_weight.T + bias.double()
     magnitude = x.double().abs() @ reference_weight.abs().T + bias.double().abs()
-    y = method.apply(layer, x, bias)  # rows <= 256: the native kernel; 600: dequantized, then oneDNN/MKL
+    y = method.apply(layer, x, bias)  # rows <= 2048: the native kernel; 2100: dequantized, then oneDNN/MKL
     assert y.dtype == dtype
     # bfloat16: the reference's scale is rounded to bfloat16 (2^-8) and so is the output.
     bound = (1e-5 if dtype == torch.float32 else 1.6e-2) * magnitude + 1e-6
@@ -123,7 +125,7 @@ def test_unquantized_bf16_prefill_rows_match_fp32_reference():
     layer = _layer(torch.randn(48, 64, generator=g).bfloat16())
     method = OneDnnLinearMethod()
     method.process_weights_after_loading(layer)
-    x = torch.randn(40, 64, generator=g).bfloat16()  # more rows than the native kernel takes
+    x = torch.randn(kernel.max_rows_by_dtype[torch.bfloat16] + 1, 64, generator=g).bfloat16()  # past the native kernel
     bias = torch.randn(48, generator=g).bfloat16()
     expected = (x.double() @ layer.weight.double().T + bias.double())
     magnitude = x.double().abs() @ layer.weight.double().abs().T + bias.double().abs()

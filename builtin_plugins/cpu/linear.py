@@ -87,9 +87,10 @@ def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if buffer is None or buffer.numel() < weight.numel():
         buffer = _scratch.buffer = torch.empty(weight.numel(), dtype=torch.float32)
     upcast = buffer[:weight.numel()].view(weight.shape)
-    upcast.copy_(weight)
-    if scale is not None:  # an int8 weight's per-output-channel scale
-        upcast.mul_(scale[:, None])
+    if scale is None:
+        upcast.copy_(weight)
+    else:  # an int8 weight's per-output-channel scale, applied in the same pass (int8 -> float32 is exact)
+        torch.mul(weight, scale[:, None], out=upcast)
     return F.linear(x.float(), upcast, None if bias is None else bias.float()).to(x.dtype)
 
 

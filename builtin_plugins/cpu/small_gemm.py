@@ -3,8 +3,10 @@ or int8 (per-output-channel scale) weights, built with the machine's compiler at
 
 Batch-1 decode is memory bound: an int8 weight read as int8 moves half of bfloat16's bytes, which
 ``torch._weight_int8pack_mm`` does not turn into speed on AVX2 CPUs (it is about bfloat16's speed there); nor
-is torch's bfloat16 ``F.linear`` fast there. The kernel takes linears of up to ``KC_CPU_SMALL_GEMM_ROWS`` rows
-(default 8; prefill and large batches are compute bound, where oneDNN/MKL are faster).
+is torch's bfloat16 ``F.linear`` fast there. The kernel takes float32 linears of up to ``KC_CPU_SMALL_GEMM_ROWS``
+rows (default 8; larger float32 batches go to oneDNN/MKL, which are faster there). bfloat16 and int8 weights have
+no fast torch path on AVX2 (their weight is upcast per call), so the kernel also takes their batches and most
+prefill chunks, up to ``LOW_PRECISION_ROWS``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kernelcore import envs
 SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
 WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACT_CODES = {torch.float32: 0, torch.bfloat16: 1}
-LOW_PRECISION_ROWS = (128, 256)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
+LOW_PRECISION_ROWS = (1024, 2048)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
 
 class SmallGemmKernel:
     def __init__(self, library: ctypes.CDLL):
