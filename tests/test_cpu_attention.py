@@ -14,8 +14,10 @@ from tests.helpers import run_python
 SHAPES = [  # heads, kv heads, head size, block size
     (12, 4, 64, 16),  # Llama GQA
     (12, 12, 64, 16),  # OPT
-    (8, 2, 80, 32),  # head size and block size without a specialised build
-    (4, 1, 128, 8),
+    (8, 2, 80, 32),  # a head of 10 vectors (AVX2) taken 5 at a time; two vectors per block of keys
+    (16, 8, 128, 16),  # Qwen3 / Llama 3 heads
+    (6, 6, 96, 32),
+    (4, 1, 128, 8),  # a block size without a specialised build
 ]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 

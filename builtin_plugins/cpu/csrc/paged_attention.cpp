@@ -9,12 +9,16 @@
 // for both float32 and bfloat16 inputs. With a sliding window W > 0 a query at position p sees positions
 // p - W + 1 .. p only: blocks wholly before that are neither read nor checked (the engine may have freed them).
 #include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -50,19 +54,51 @@ inline int64_t first_visible(const Shape& s, int64_t seq_len) {
   return s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
 }
 
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
+// Vectors of the machine's width: 16 floats with AVX-512, else 8. Wider generic vectors than the registers
+// (16 floats on AVX2) made GCC spill every intermediate through the stack: 2.7x (bfloat16) and 1.5x (float32)
+// slower, at 8-13 GB/s where the cache streams at about 20.
+#ifdef __AVX512F__
+constexpr int VW = 16, ACC = 16;  // lanes; accumulators a loop keeps in registers (of 32)
+#else
+constexpr int VW = 8, ACC = 8;  // (of 16 on AVX2)
+#endif
+typedef float fvec __attribute__((vector_size(VW * 4)));
+typedef uint16_t hvec __attribute__((vector_size(VW * 2)));
+typedef uint32_t uvec __attribute__((vector_size(VW * 4)));
 
-inline f32x16 load16(const float* p) {
-  f32x16 v;
+inline fvec loadv(const float* p) {
+  fvec v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline f32x16 load16(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
-  u16x16 h;
+inline fvec loadv(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  return (fvec)_mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#else
+  hvec h;
   std::memcpy(&h, p, sizeof h);
-  return (f32x16)(__builtin_convertvector(h, u32x16) << 16);
+  return (fvec)(__builtin_convertvector(h, uvec) << 16);
+#endif
+}
+
+// f(std::integral_constant<int, R>) for R = rows (1 <= rows <= G): the row count as a template argument.
+template <int G, typename F>
+inline void with_rows(int64_t rows, F&& f) {
+  if constexpr (G > 1) {
+    if (rows < G) {
+      with_rows<G - 1>(rows, f);
+      return;
+    }
+  }
+  f(std::integral_constant<int, G>{});
+}
+
+// The largest divisor of n that is at most limit.
+constexpr int divisor_at_most(int n, int limit) {
+  for (int d = limit; d > 1; --d)
+    if (n % d == 0) return d;
+  return 1;
 }
 
 inline void softmax_numerators(float* scores, int64_t stride, int64_t group, int64_t seq_len, float* inv_sum) {
@@ -80,39 +116,42 @@ inline void softmax_numerators(float* scores, int64_t stride, int64_t group, int
 }
 
 // Scores of GB query rows against one block of keys (kt: [hs, bs], transposed): each key vector is loaded
-// (and widened from bfloat16) once and used by all GB rows; two partial sums per row hide the FMA latency.
+// (and widened from bfloat16) once and used by all GB rows; with few rows, J partial sums per row hide the
+// FMA latency.
 template <int GB, int NV, int NB, typename T>
 inline void block_scores(const T* kt, const float* qf, float* scores, int64_t stride) {
   constexpr int64_t hs = 16 * NV, bs = 16 * NB;
-  f32x16 part[GB][2][NB] = {};
-  for (int64_t d = 0; d < hs; d += 2)
-    for (int j = 0; j < 2; ++j)
-      for (int c = 0; c < NB; ++c) {
-        const f32x16 k = load16(kt + (d + j) * bs + c * 16);
+  constexpr int C = bs / VW, J = GB * C >= 4 ? 1 : 2;
+  fvec part[GB][J][C] = {};
+  for (int64_t d = 0; d < hs; d += J)
+    for (int j = 0; j < J; ++j)
+      for (int c = 0; c < C; ++c) {
+        const fvec k = loadv(kt + (d + j) * bs + c * VW);
         for (int g = 0; g < GB; ++g) part[g][j][c] += qf[g * hs + d + j] * k;
       }
   for (int g = 0; g < GB; ++g)
-    for (int c = 0; c < NB; ++c) {  // the last block's tail lanes are never read back
-      const f32x16 sum = part[g][0][c] + part[g][1][c];
-      std::memcpy(scores + g * stride + c * 16, &sum, sizeof sum);
+    for (int c = 0; c < C; ++c) {  // the last block's tail lanes are never read back
+      fvec sum = part[g][0][c];
+      if constexpr (J == 2) sum += part[g][1][c];
+      std::memcpy(scores + g * stride + c * VW, &sum, sizeof sum);
     }
 }
 
-// acc[g] += sum_i p[g, i] v_i over one block's n value rows (vb: [bs, hs]) for GB query rows; each value
-// vector is loaded (and widened) once for all GB rows, whose accumulators stay in registers.
-template <int GB, int NV, typename T>
-inline void block_values(const T* vb, int64_t n, const float* p, int64_t stride, float* acc) {
-  constexpr int64_t hs = 16 * NV;
-  f32x16 a[GB][NV];
-  for (int g = 0; g < GB; ++g)
-    for (int c = 0; c < NV; ++c) a[g][c] = load16(acc + g * hs + c * 16);
+// acc[g, :CW * VW] += sum_i p[g, i] v_i[:CW * VW] over one block's n value rows (vb: [bs, hs], at the first
+// column) for GV query rows; each value vector is loaded (and widened) once for all GV rows, whose
+// accumulators stay in registers.
+template <int GV, int CW, typename T>
+inline void block_values(const T* vb, int64_t hs, int64_t n, const float* p, int64_t stride, float* acc) {
+  fvec a[GV][CW];
+  for (int g = 0; g < GV; ++g)
+    for (int c = 0; c < CW; ++c) a[g][c] = loadv(acc + g * hs + c * VW);
   for (int64_t i = 0; i < n; ++i)
-    for (int c = 0; c < NV; ++c) {
-      const f32x16 v = load16(vb + i * hs + c * 16);
-      for (int g = 0; g < GB; ++g) a[g][c] += p[g * stride + i] * v;
+    for (int c = 0; c < CW; ++c) {
+      const fvec v = loadv(vb + i * hs + c * VW);
+      for (int g = 0; g < GV; ++g) a[g][c] += p[g * stride + i] * v;
     }
-  for (int g = 0; g < GB; ++g)
-    for (int c = 0; c < NV; ++c) std::memcpy(acc + g * hs + c * 16, &a[g][c], sizeof a[g][c]);
+  for (int g = 0; g < GV; ++g)
+    for (int c = 0; c < CW; ++c) std::memcpy(acc + g * hs + c * VW, &a[g][c], sizeof a[g][c]);
 }
 
 // One sequence's kv heads [0, num_item_heads) (pointers already at the first) for head size 16 * NV and
@@ -124,7 +163,10 @@ template <typename T, int NV, int NB>
 void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table, int64_t seq_len,
                     T* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
   constexpr int64_t hs = 16 * NV, bs = 16 * NB, slab = hs * bs;
-  constexpr int GB = NV <= 4 ? 4 : 2;  // query rows per pass over a block: GB * NV accumulators in registers
+  // Query rows per pass over a block, so that each pass's accumulators fit the registers: for the scores a
+  // block is bs / VW vectors per row; for the values a row is hs / VW vectors, taken CW at a time.
+  constexpr int GS = std::min(4, std::max(1, ACC / int(bs / VW)));
+  constexpr int CW = divisor_at_most(int(hs / VW), ACC), GV = std::min(4, std::max(1, ACC / CW));
   const int64_t group = s.num_heads / s.num_kv_heads, num_rows = num_item_heads * group;
   const int64_t block_stride = s.num_kv_heads * slab;  // one block holds every kv head's slab
   // Scores cover whole blocks from the first visible one: position t is column t - base.
@@ -136,16 +178,12 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
   for (int64_t t0 = base, b = first_block; t0 < seq_len; t0 += bs, ++b) {
     for (int64_t h = 0; h < num_item_heads; ++h) {
       const T* kt = k_cache + block_table[b] * block_stride + h * slab;
-      for (int64_t g = 0; g < group; g += GB) {
+      for (int64_t g = 0; g < group; g += GS) {
         const int64_t row = h * group + g;
         const float* qr = qf + row * hs;
         float* sr = scores + row * stride + (t0 - base);
-        switch (std::min<int64_t>(GB, group - g)) {
-          case 1: block_scores<1, NV, NB>(kt, qr, sr, stride); break;
-          case 2: block_scores<2, NV, NB>(kt, qr, sr, stride); break;
-          case 3: block_scores<(GB > 2 ? 3 : 1), NV, NB>(kt, qr, sr, stride); break;
-          default: block_scores<GB, NV, NB>(kt, qr, sr, stride); break;
-        }
+        with_rows<GS>(std::min<int64_t>(GS, group - g),
+                      [&](auto rows) { block_scores<decltype(rows)::value, NV, NB>(kt, qr, sr, stride); });
       }
     }
   }
@@ -161,16 +199,13 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
     const int64_t n = std::min(bs, seq_len - t0);
     for (int64_t h = 0; h < num_item_heads; ++h) {
       const T* vb = v_cache + block_table[b] * block_stride + h * slab;
-      for (int64_t g = 0; g < group; g += GB) {
+      for (int64_t g = 0; g < group; g += GV) {
         const int64_t row = h * group + g;
         const float* pr = scores + row * stride + (t0 - base);
-        float* ar = acc + row * hs;
-        switch (std::min<int64_t>(GB, group - g)) {
-          case 1: block_values<1, NV>(vb, n, pr, stride, ar); break;
-          case 2: block_values<2, NV>(vb, n, pr, stride, ar); break;
-          case 3: block_values<(GB > 2 ? 3 : 1), NV>(vb, n, pr, stride, ar); break;
-          default: block_values<GB, NV>(vb, n, pr, stride, ar); break;
-        }
+        with_rows<GV>(std::min<int64_t>(GV, group - g), [&](auto rows) {
+          for (int64_t col = 0; col < hs; col += CW * VW)
+            block_values<decltype(rows)::value, CW>(vb + col, hs, n, pr, stride, acc + row * hs + col);
+        });
       }
     }
   }
