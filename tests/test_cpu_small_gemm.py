@@ -96,7 +96,7 @@ def test_int8_method_matches_dequantized_reference(dtype, rows):
     reference_weight = method.dequantized_weight(layer, torch.float64)
     expected = x.double() @ reference_weight.T + bias.double()
     magnitude = x.double().abs() @ reference_weight.abs().T + bias.double().abs()
-    y = method.apply(layer, x, bias)  # rows <= 2048: the native kernel; 2100: dequantized, then oneDNN/MKL
+    y = method.apply(layer, x, bias)  # rows <= 1024: the native kernel; 2100: dequantized, then oneDNN/MKL
     assert y.dtype == dtype
     # bfloat16: the reference's scale is rounded to bfloat16 (2^-8) and so is the output.
     bound = (1e-5 if dtype == torch.float32 else 1.6e-2) * magnitude + 1e-6

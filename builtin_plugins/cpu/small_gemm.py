@@ -24,7 +24,7 @@ from kernelcore import envs
 SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
 WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACT_CODES = {torch.float32: 0, torch.bfloat16: 1}
-LOW_PRECISION_ROWS = (1024, 2048)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
+LOW_PRECISION_ROWS = (512, 1024)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
 
 class SmallGemmKernel:
     def __init__(self, library: ctypes.CDLL):
