@@ -79,8 +79,9 @@ _scratch = threading.local()
 
 def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    scale: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 ``F.linear`` where the CPU has no bf16 matmul (AVX2): upcasting the weight per call and running
-    the fp32 GEMM is 4-5x faster at 16-128 rows (docs/performance.md); same fp32 accumulation, one rounding.
+    """bf16 (or int8, with ``scale``) ``F.linear`` for calls the native kernel does not take (prefill-sized)
+    where the CPU has no bf16 matmul (AVX2): the weight is upcast per call and the fp32 GEMM runs, 4-5x torch's
+    bf16 ``F.linear`` (docs/performance.md); same fp32 accumulation, one rounding.
     The fp32 copy goes to a buffer kept per thread: a fresh tensor per call was a new mapping page-faulted in
     (tens of MB per step)."""
     buffer = getattr(_scratch, "buffer", None)

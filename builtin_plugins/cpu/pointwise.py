@@ -24,6 +24,7 @@ from kernelcore.kernels import torch_rotary_embedding
 SOURCE = Path(__file__).parent / "csrc" / "pointwise.cpp"
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
+
 class PointwiseKernels:
     def __init__(self, library: ctypes.CDLL) -> None:
         i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -36,18 +37,22 @@ class PointwiseKernels:
         for fn in (self.rms_norm, self.rotary, self.silu_and_mul):
             fn.restype = ctypes.c_int
 
+
 @functools.cache
 def load_pointwise_kernels() -> PointwiseKernels | None:
     """The compiled kernels, or None (logged once) when they cannot be built here."""
     return load_native(SOURCE, PointwiseKernels, "pointwise kernels")
 
+
 def _rows(x: torch.Tensor) -> bool:
     """A 2-D CPU tensor of a supported dtype whose rows are contiguous."""
     return x.dim() == 2 and x.is_cpu and x.dtype in DTYPE_CODES and x.stride(1) == 1
 
+
 def _check(status: int, op: str) -> None:
     if status != 0:
         raise ValueError(f"CPU {op} kernel refused its arguments")
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     kernels = load_pointwise_kernels()
@@ -60,6 +65,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
                             out.data_ptr(), out.stride(0), x2.shape[0], x2.shape[1], eps,
                             torch.get_num_threads()), "rms_norm")
     return out.view(x.shape)
+
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,12 +82,14 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
                             x.shape[1], eps, torch.get_num_threads()), "rms_norm")
     return out, residual
 
+
 def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
+
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
                      head_size: int, rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,6 +114,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
             raise ValueError(f"rotary embedding: a position is outside the cache's {cos_sin_cache.shape[0]} rows")
     return query, key
 
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     kernels = load_pointwise_kernels()
     x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
@@ -116,6 +125,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     _check(launch(kernels.silu_and_mul, DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), out.data_ptr(), out.stride(0),
                                 x2.shape[0], d, torch.get_num_threads()), "silu_and_mul")
     return out.view(*x.shape[:-1], d)
+
 
 KERNELS = {"rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm, "rotary_embedding": rotary_embedding,
            "silu_and_mul": silu_and_mul}

@@ -26,6 +26,7 @@ WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACT_CODES = {torch.float32: 0, torch.bfloat16: 1}
 LOW_PRECISION_ROWS = (512, 1024)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
 
+
 class SmallGemmKernel:
     def __init__(self, library: ctypes.CDLL):
         self._fn = library.kc_small_gemm
@@ -89,6 +90,7 @@ class SmallGemmKernel:
             return None
         return (WEIGHT_CODES[weight.dtype], ACT_CODES[x.dtype], weight.data_ptr(),
                 None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(), num_out)
+
 
 @functools.cache
 def load_small_gemm_kernel() -> SmallGemmKernel | None:

@@ -176,7 +176,8 @@ void run(const Args& a, const W* w, int64_t M, int64_t N, int num_threads) {
     // Batches of rows over bfloat16/int8 weights are compute bound: 6 activation rows x 2 weight rows is 12
     // accumulators, which fit the 16 AVX2 registers with the weights and one activation (4 x 4 spilled).
     // Every pair of weight rows meets every activation row, so the rows are taken in passes small enough to
-    // stay in L2 (at 384 rows, 1.14x the speed of one pass over Llama-125M's linears); the weight is read once per pass.
+    // stay in L2 (at 384 rows, 1.14x the speed of one pass over Llama-125M's linears); the weight is read
+    // once per pass.
     constexpr int MR = 6, NR2 = 2;
     const int64_t per_pass = std::max<int64_t>(MR, KC_ROWS_PER_PASS_BYTES / (4 * a.K) / MR * MR);
     const int64_t blocks = N / NR2;
