@@ -95,10 +95,27 @@ def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return F.linear(x.float(), upcast, None if bias is None else bias.float()).to(x.dtype)
 
 
+def _int8_bf16_linear(x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor | None,
+                      scale: torch.Tensor) -> torch.Tensor:
+    """A bf16-activation int8 linear for calls the native kernel does not take, where the CPU has bf16 dot
+    products: the int8 weight is converted to bf16 (exact: every int8 is a bf16) in a reused buffer, oneDNN's bf16
+    GEMM runs, and the per-output-channel scale is applied to its output (float32) before the one rounding."""
+    buffer = getattr(_scratch, "buffer16", None)
+    if buffer is None or buffer.numel() < qweight.numel():
+        buffer = _scratch.buffer16 = torch.empty(qweight.numel(), dtype=torch.bfloat16)
+    widened = buffer[:qweight.numel()].view(qweight.shape)
+    widened.copy_(qweight)
+    y = F.linear(x, widened).float().mul_(scale)
+    if bias is not None:
+        y.add_(bias)
+    return y.to(x.dtype)
+
+
 class CpuInt8LinearMethod(Int8LinearMethod):
     """Reads the int8 weight directly (a quarter of fp32's bytes per token): the native kernel for decode
-    steps and batches up to its row limit; prefill-sized calls dequantize into a reused float32 buffer and run
-    oneDNN/MKL; ``torch._weight_int8pack_mm`` where the kernel could not be built."""
+    steps and batches up to its row limit; larger calls convert the weight into a reused buffer (bf16 where the
+    CPU has bf16 dot products, else dequantized float32) and run oneDNN/MKL; ``torch._weight_int8pack_mm``
+    where the kernel could not be built."""
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         super().process_weights_after_loading(layer)
@@ -115,6 +132,8 @@ class CpuInt8LinearMethod(Int8LinearMethod):
             if y is not None:
                 return y
         if kernel is not None and x.dtype == scale.dtype and x.device.type == "cpu":
+            if kernel.pair_dot and x.dtype == torch.bfloat16:  # the CPU multiplies bf16 natively
+                return _int8_bf16_linear(x, qweight, bias, cast(torch.Tensor, layer.weight_scale_f32))
             # Prefill-sized: dequantized into the reused float32 buffer, then oneDNN/MKL (1.4x
             # _weight_int8pack_mm at 2048 rows on AVX2; docs/performance.md).
             return _upcast_linear(x, qweight, bias, cast(torch.Tensor, layer.weight_scale_f32))

@@ -6,7 +6,8 @@ Batch-1 decode is memory bound: an int8 weight read as int8 moves half of bfloat
 is torch's bfloat16 ``F.linear`` fast there. The kernel takes float32 linears of up to ``KC_CPU_SMALL_GEMM_ROWS``
 rows (default 8; larger float32 batches go to oneDNN/MKL, which are faster there). bfloat16 and int8 weights have
 no fast torch path on AVX2 (their weight is upcast per call), so the kernel also takes their batches and most
-prefill chunks, up to ``LOW_PRECISION_ROWS``.
+prefill chunks, up to ``LOW_PRECISION_ROWS``. Where the CPU has bfloat16 dot products (AVX512-BF16) oneDNN's
+bfloat16 GEMM is fast, and the kernel keeps only the batches it is faster at (``PAIR_DOT_ROWS``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
 WEIGHT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACT_CODES = {torch.float32: 0, torch.bfloat16: 1}
 LOW_PRECISION_ROWS = (512, 1024)  # bfloat16, int8 weights: the largest batches measured faster than torch's paths
+# With bfloat16 pair dot products (AVX512-BF16), bfloat16 activations: above 16 rows oneDNN's bf16 GEMM is faster,
+# and above 64 an int8 weight dequantized to bfloat16 for it (docs/performance.md).
+PAIR_DOT_ROWS = (16, 64)
 
 
 class SmallGemmKernel:
@@ -34,12 +38,14 @@ class SmallGemmKernel:
         self._fn.argtypes = [ctypes.c_int, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
                              ctypes.c_int]
         self._fn.restype = ctypes.c_int
+        self.pair_dot = bool(library.kc_small_gemm_features() & 2)  # compiled for AVX512-BF16
         # Read once: this runs on every decode-step linear. bfloat16/int8 weights have no fast torch path on
         # AVX2 (an upcast per call, or _weight_int8pack_mm), so the kernel takes their batches too, up to
         # where it measured faster (docs/performance.md); float32 weights go to oneDNN above a few rows.
         rows = envs.KC_CPU_SMALL_GEMM_ROWS
-        self.max_rows_by_dtype = {torch.float32: rows, torch.bfloat16: rows and max(rows, LOW_PRECISION_ROWS[0]),
-                                  torch.int8: rows and max(rows, LOW_PRECISION_ROWS[1])}
+        low = PAIR_DOT_ROWS if self.pair_dot else LOW_PRECISION_ROWS
+        self.max_rows_by_dtype = {torch.float32: rows, torch.bfloat16: rows and max(rows, low[0]),
+                                  torch.int8: rows and max(rows, low[1])}
         self.max_rows = max(self.max_rows_by_dtype.values())
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,

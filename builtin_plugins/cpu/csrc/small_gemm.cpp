@@ -7,10 +7,15 @@
 //
 // Weights: float32 (code 0), bfloat16 (1) or int8 (2), contiguous [N, K]; activations and outputs float32 (0)
 // or bfloat16 (1), rows x_stride / y_stride elements apart. K must be a multiple of 8. Accumulation is float32.
-// Each thread owns a slice of output channels; within it a block of NR weight rows is converted to float once
-// per 8 columns and meets MR activation rows held in registers, so the weight crosses memory once per call.
+// Each thread owns a slice of output channels; within it a block of NR weight rows is loaded once per vector
+// of columns and meets MR activation rows held in registers, so the weight crosses memory once per call.
+//
+// Two ways to multiply (the "lanes" below): float32 FMAs at the machine's vector width (8 floats on AVX2, 16
+// on AVX-512), every weight widened to float32; and, where the CPU has AVX512-BF16 and the activations are
+// bfloat16, pair dot products (vdpbf16ps: 32 multiply-adds per instruction, twice the FMA's) over bfloat16 or
+// int8 weights (int8 -> bfloat16 is exact). Both accumulate float32 products of the same rounded inputs.
 #include <omp.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -22,49 +27,59 @@
 #ifndef KC_PREFETCH_TILES
 #define KC_PREFETCH_TILES 2
 #endif
-#ifndef KC_ROWS_PER_PASS_BYTES  // activation rows kept in a core's L2 (512 KiB) while the weight streams past
+#ifndef KC_ROWS_PER_PASS_BYTES  // activation rows kept in a core's L2 (512 KiB and up) while the weight streams past
 #define KC_ROWS_PER_PASS_BYTES (256 * 1024)
 #endif
 
 namespace {
 
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef int8_t i8x8 __attribute__((vector_size(8)));
-typedef uint16_t u16x8 __attribute__((vector_size(16)));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-typedef int32_t i32x8 __attribute__((vector_size(32)));
+#ifdef __AVX512F__
+constexpr int VW = 16, REGS = 32;  // float lanes per vector; vector registers
+#else
+constexpr int VW = 8, REGS = 16;
+#endif
+typedef float fvec __attribute__((vector_size(VW * 4)));
+typedef int8_t i8vec __attribute__((vector_size(VW)));
+typedef uint16_t u16vec __attribute__((vector_size(VW * 2)));
+typedef uint32_t u32vec __attribute__((vector_size(VW * 4)));
+typedef int32_t i32vec __attribute__((vector_size(VW * 4)));
 
-inline f32x8 load8(const float* p) {
-  f32x8 v;
+inline fvec loadv(const float* p) {
+  fvec v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline f32x8 load8(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
-#ifdef __AVX2__
+inline fvec loadv(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
+#if defined(__AVX512F__)
+  return (fvec)_mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+#elif defined(__AVX2__)
   // GCC splits the generic widening into 128-bit halves (five instructions); this is vpmovzxwd + vpslld.
-  return (f32x8)_mm256_castsi256_ps(
+  return (fvec)_mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 #else
-  u16x8 h;
+  u16vec h;
   std::memcpy(&h, p, sizeof h);
-  return (f32x8)(__builtin_convertvector(h, u32x8) << 16);
+  return (fvec)(__builtin_convertvector(h, u32vec) << 16);
 #endif
 }
-inline f32x8 load8(const int8_t* p) {
-#ifdef __AVX2__
+inline fvec loadv(const int8_t* p) {
+#if defined(__AVX512F__)
+  return (fvec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
   // GCC scalarises the generic int8 -> float conversion; this is vpmovsxbd + vcvtdq2ps.
-  return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  return (fvec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 #else
-  i8x8 q;
+  i8vec q;
   std::memcpy(&q, p, sizeof q);
-  return __builtin_convertvector(__builtin_convertvector(q, i32x8), f32x8);
+  return __builtin_convertvector(__builtin_convertvector(q, i32vec), fvec);
 #endif
 }
-
-inline float hsum(f32x8 v) {
-  float s = 0.f;
-  for (int i = 0; i < 8; ++i) s += v[i];
-  return s;
+template <typename T>
+inline fvec loadv(const T* p, int64_t n) {  // the first n (< VW) elements, zeros after
+  T part[VW] = {};
+  std::memcpy(part, p, n * sizeof(T));
+  return loadv(part);
 }
 
 inline float to_float(float x) { return x; }
@@ -86,55 +101,108 @@ inline void store(uint16_t* dst, float x) {
   *dst = uint16_t(bits >> 16);
 }
 
+// Float lanes: weights of type W widened to float32, activations float32, one FMA per VW products.
+template <typename W>
+struct FloatLanes {
+  using Weight = W;
+  using X = float;
+  using Acc = fvec;
+  static constexpr int kStep = VW;  // columns per vector
+  static Acc load_w(const W* p) { return loadv(p); }
+  static Acc load_w(const W* p, int64_t n) { return loadv(p, n); }
+  static Acc load_x(const float* p) { return loadv(p); }
+  static Acc load_x(const float* p, int64_t n) { return loadv(p, n); }
+  static Acc madd(Acc acc, Acc x, Acc w) { return acc + x * w; }
+  static float sum(Acc v) {
+    float s = 0.f;
+    for (int i = 0; i < VW; ++i) s += v[i];
+    return s;
+  }
+};
+
+#ifdef __AVX512BF16__
+// Pair lanes: bfloat16 activations and bfloat16 (or int8, converted exactly) weights, 32 columns per vector,
+// vdpbf16ps adding the products of each adjacent pair into a float32 lane.
+inline __m512bh pairs(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+inline __m512bh pairs(const uint16_t* p, int64_t n) { return (__m512bh)_mm512_maskz_loadu_epi16((1u << n) - 1, p); }
+inline __m512bh pairs_of(__m256i q) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+  return _mm512_cvtne2ps_pbh(hi, lo);  // lo fills the low half
+}
+inline __m512bh pairs(const int8_t* p) { return pairs_of(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512bh pairs(const int8_t* p, int64_t n) { return pairs_of(_mm256_maskz_loadu_epi8((1u << n) - 1, p)); }
+
+template <typename W>
+struct PairLanes {
+  using Weight = W;
+  using X = uint16_t;
+  using Acc = __m512;
+  static constexpr int kStep = 32;
+  static __m512bh load_w(const W* p) { return pairs(p); }
+  static __m512bh load_w(const W* p, int64_t n) { return pairs(p, n); }
+  static __m512bh load_x(const uint16_t* p) { return pairs(p); }
+  static __m512bh load_x(const uint16_t* p, int64_t n) { return pairs(p, n); }
+  static Acc madd(Acc acc, __m512bh x, __m512bh w) { return _mm512_dpbf16_ps(acc, x, w); }
+  static float sum(Acc v) { return _mm512_reduce_add_ps(v); }
+};
+#endif
+
 struct Args {
-  const float* x;  // [M, K] float32, contiguous
-  int64_t K;
+  const void* x;  // [M, K] rows x_stride elements apart, in the lanes' activation type
+  int64_t x_stride, K;
   const float* scale;  // [N] or null
   const void* bias;    // [N] in the output dtype, or null
   void* y;
   int64_t y_stride;
 };
 
-// MR activation rows x NR weight rows, KU-way unrolled over K (independent accumulators hide FMA latency).
-template <typename W, typename Y, int MR, int NR, int KU>
-void tile(const Args& a, const W* w, int64_t m0, int64_t n0) {
-  f32x8 acc[KU][MR][NR] = {};
-  const int64_t K = a.K;
-  const float* x = a.x + m0 * K;
-  const W* wr = w + n0 * K;
+// MR activation rows x NR weight rows, KU-way unrolled over K (independent accumulators hide latency).
+// wr: the first of the tile's NR weight rows (K apart); n0: its output column.
+template <typename L, typename Y, int MR, int NR, int KU>
+void tile(const Args& a, const typename L::Weight* wr, int64_t m0, int64_t n0) {
+  using W = typename L::Weight;
+  using Acc = typename L::Acc;
+  constexpr int S = L::kStep;
+  Acc acc[KU][MR][NR];
+  for (int u = 0; u < KU; ++u)
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < NR; ++r) acc[u][m][r] = Acc{};
+  const int64_t K = a.K, xs = a.x_stride;
+  const typename L::X* x = static_cast<const typename L::X*>(a.x) + m0 * xs;
   // A tile's rows are short streams (K elements each) that the hardware prefetcher barely ramps up on; the
   // weight is read in order overall, so fetch the same columns of the tiles ahead while this one computes.
   constexpr int64_t kLine = 64 / sizeof(W);
   const int64_t ahead = KC_PREFETCH_TILES * NR * K;
   int64_t k = 0;
-  for (; k + 8 * KU <= K; k += 8 * KU) {
-    if (k % kLine < 8 * KU) {
+  for (; k + S * KU <= K; k += S * KU) {
+    if (k % kLine < S * KU) {
       for (int r = 0; r < NR; ++r) __builtin_prefetch(wr + r * K + k + ahead, 0, 0);
     }
     for (int u = 0; u < KU; ++u) {
-      f32x8 wv[NR];
-      for (int r = 0; r < NR; ++r) wv[r] = load8(wr + r * K + k + 8 * u);
+      decltype(L::load_w(wr)) wv[NR];
+      for (int r = 0; r < NR; ++r) wv[r] = L::load_w(wr + r * K + k + S * u);
       for (int m = 0; m < MR; ++m) {
-        f32x8 xv = load8(x + m * K + k + 8 * u);
-        for (int r = 0; r < NR; ++r) acc[u][m][r] += wv[r] * xv;
+        const auto xv = L::load_x(x + m * xs + k + S * u);
+        for (int r = 0; r < NR; ++r) acc[u][m][r] = L::madd(acc[u][m][r], xv, wv[r]);
       }
     }
   }
-  for (; k < K; k += 8) {
-    f32x8 wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = load8(wr + r * K + k);
+  for (; k < K; k += S) {
+    const int64_t n = std::min<int64_t>(S, K - k);
+    decltype(L::load_w(wr)) wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = n == S ? L::load_w(wr + r * K + k) : L::load_w(wr + r * K + k, n);
     for (int m = 0; m < MR; ++m) {
-      f32x8 xv = load8(x + m * K + k);
-      for (int r = 0; r < NR; ++r) acc[0][m][r] += wv[r] * xv;
+      const auto xv = n == S ? L::load_x(x + m * xs + k) : L::load_x(x + m * xs + k, n);
+      for (int r = 0; r < NR; ++r) acc[0][m][r] = L::madd(acc[0][m][r], xv, wv[r]);
     }
   }
   Y* y = static_cast<Y*>(a.y);
   const Y* bias = static_cast<const Y*>(a.bias);
   for (int m = 0; m < MR; ++m) {
     for (int r = 0; r < NR; ++r) {
-      f32x8 sum = acc[0][m][r];
-      for (int u = 1; u < KU; ++u) sum += acc[u][m][r];
-      float v = hsum(sum);
+      float v = 0.f;
+      for (int u = 0; u < KU; ++u) v += L::sum(acc[u][m][r]);
       const int64_t n = n0 + r;
       if (a.scale) v *= a.scale[n];
       if (bias) v += to_float(bias[n]);
@@ -144,59 +212,64 @@ void tile(const Args& a, const W* w, int64_t m0, int64_t n0) {
 }
 
 // The last `left` (< R + 1) activation rows in one tile of that height (one row: two-way K unrolling).
-template <typename W, typename Y, int R, int NR>
-void remainder(const Args& a, const W* w, int64_t left, int64_t m0, int64_t n0) {
+template <typename L, typename Y, int R, int NR>
+void remainder(const Args& a, const typename L::Weight* wr, int64_t left, int64_t m0, int64_t n0) {
   if constexpr (R >= 1) {
     if (left == R) {
-      tile<W, Y, R, NR, R == 1 ? 2 : 1>(a, w, m0, n0);
+      tile<L, Y, R, NR, R == 1 ? 2 : 1>(a, wr, m0, n0);
       return;
     }
-    remainder<W, Y, R - 1, NR>(a, w, left, m0, n0);
+    remainder<L, Y, R - 1, NR>(a, wr, left, m0, n0);
   }
 }
 
 // All M activation rows against weight rows n0..n0+NR, MR rows at a time.
-template <typename W, typename Y, int MR, int NR>
-void rows(const Args& a, const W* w, int64_t M, int64_t n0) {
+template <typename L, typename Y, int MR, int NR>
+void rows(const Args& a, const typename L::Weight* w, int64_t M, int64_t n0) {
+  const typename L::Weight* wr = w + n0 * a.K;
   int64_t m0 = 0;
-  for (; m0 + MR <= M; m0 += MR) tile<W, Y, MR, NR, 1>(a, w, m0, n0);
-  remainder<W, Y, MR - 1, NR>(a, w, M - m0, m0, n0);
+  for (; m0 + MR <= M; m0 += MR) tile<L, Y, MR, NR, 1>(a, wr, m0, n0);
+  remainder<L, Y, MR - 1, NR>(a, wr, M - m0, m0, n0);
 }
 
-template <typename W, typename Y>
-void run(const Args& a, const W* w, int64_t M, int64_t N, int num_threads) {
+// Batch tiles: MR x NR accumulators plus NR weight vectors and one activation fit the register file (6 x 2 on
+// AVX2's 16, 6 x 4 on AVX-512's 32).
+constexpr int kBatchRows = 6, kBatchCols = REGS == 32 ? 4 : 2;
+
+template <typename L, typename Y>
+void run(const Args& a, const typename L::Weight* w, int64_t M, int64_t N, int num_threads) {
+  using W = typename L::Weight;
   if (M == 1 && sizeof(W) < 4) {
     // One row of bfloat16/int8 at a time, four accumulators: a single sequential stream per thread, which
     // measured 1.4x the bandwidth of four interleaved rows for these weights (float32 is the other way round).
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t n = 0; n < N; ++n) tile<W, Y, 1, 1, 4>(a, w, 0, n);
+    for (int64_t n = 0; n < N; ++n) tile<L, Y, 1, 1, 4>(a, w + n * a.K, 0, n);
     return;
   }
   if (M > 4 && sizeof(W) < 4) {
-    // Batches of rows over bfloat16/int8 weights are compute bound: 6 activation rows x 2 weight rows is 12
-    // accumulators, which fit the 16 AVX2 registers with the weights and one activation (4 x 4 spilled).
-    // Every pair of weight rows meets every activation row, so the rows are taken in passes small enough to
-    // stay in L2 (at 384 rows, 1.14x the speed of one pass over Llama-125M's linears); the weight is read
-    // once per pass.
-    constexpr int MR = 6, NR2 = 2;
-    const int64_t per_pass = std::max<int64_t>(MR, KC_ROWS_PER_PASS_BYTES / (4 * a.K) / MR * MR);
-    const int64_t blocks = N / NR2;
+    // Batches of rows over bfloat16/int8 weights are compute bound. Every block of weight rows meets every
+    // activation row, so the rows are taken in passes small enough to stay in L2 (at 384 rows, 1.14x the
+    // speed of one pass over Llama-125M's linears on AVX2); the weight is read once per pass.
+    constexpr int MR = kBatchRows, NR = kBatchCols;
+    const int64_t row_bytes = a.K * sizeof(typename L::X);
+    const int64_t per_pass = std::max<int64_t>(MR, KC_ROWS_PER_PASS_BYTES / row_bytes / MR * MR);
+    const int64_t blocks = N / NR;
     for (int64_t m0 = 0; m0 < M; m0 += per_pass) {
       const int64_t rows_here = std::min(per_pass, M - m0);
       Args part = a;
-      part.x = a.x + m0 * a.K;
+      part.x = static_cast<const typename L::X*>(a.x) + m0 * a.x_stride;
       part.y = static_cast<Y*>(a.y) + m0 * a.y_stride;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-      for (int64_t b = 0; b < blocks; ++b) rows<W, Y, MR, NR2>(part, w, rows_here, b * NR2);
-      for (int64_t n = blocks * NR2; n < N; ++n) rows<W, Y, MR, 1>(part, w, rows_here, n);
+      for (int64_t b = 0; b < blocks; ++b) rows<L, Y, MR, NR>(part, w, rows_here, b * NR);
+      for (int64_t n = blocks * NR; n < N; ++n) rows<L, Y, MR, 1>(part, w, rows_here, n);
     }
     return;
   }
   constexpr int NR = 4;
   const int64_t blocks = N / NR;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) rows<W, Y, 4, NR>(a, w, M, b * NR);
-  for (int64_t n = blocks * NR; n < N; ++n) rows<W, Y, 4, 1>(a, w, M, n);
+  for (int64_t b = 0; b < blocks; ++b) rows<L, Y, 4, NR>(a, w, M, b * NR);
+  for (int64_t n = blocks * NR; n < N; ++n) rows<L, Y, 4, 1>(a, w, M, n);
 }
 
 template <typename X>
@@ -208,36 +281,55 @@ std::vector<float> to_float_rows(const X* x, int64_t x_stride, int64_t M, int64_
 }
 
 template <typename Y>
-int dispatch_weight(int w_code, const Args& a, const void* w, int64_t M, int64_t N, int num_threads) {
+int float_lanes(int w_code, const Args& a, const void* w, int64_t M, int64_t N, int num_threads) {
   switch (w_code) {
-    case 0: run<float, Y>(a, static_cast<const float*>(w), M, N, num_threads); return 0;
-    case 1: run<uint16_t, Y>(a, static_cast<const uint16_t*>(w), M, N, num_threads); return 0;
-    case 2: run<int8_t, Y>(a, static_cast<const int8_t*>(w), M, N, num_threads); return 0;
+    case 0: run<FloatLanes<float>, Y>(a, static_cast<const float*>(w), M, N, num_threads); return 0;
+    case 1: run<FloatLanes<uint16_t>, Y>(a, static_cast<const uint16_t*>(w), M, N, num_threads); return 0;
+    case 2: run<FloatLanes<int8_t>, Y>(a, static_cast<const int8_t*>(w), M, N, num_threads); return 0;
     default: return -1;
   }
 }
 
 }  // namespace
 
+// Bit 0: float lanes are AVX-512 wide; bit 1: bfloat16 activations over bfloat16/int8 weights use pair dot
+// products (the Python side routes batches by these).
+extern "C" int kc_small_gemm_features() {
+  int features = VW == 16 ? 1 : 0;
+#ifdef __AVX512BF16__
+  features |= 2;
+#endif
+  return features;
+}
+
 extern "C" int kc_small_gemm(int w_code, int x_code, const void* x, int64_t x_stride, const void* w,
                              const float* scale, const void* bias, void* y, int64_t y_stride, int64_t M, int64_t N,
                              int64_t K, int num_threads) {
-  if (K % 8 != 0 || M <= 0 || N <= 0 || x_stride < K || y_stride < N) return -1;
-  std::vector<float> xf;
-  const float* xp;
-  if (x_code == 0 && x_stride == K) {
-    xp = static_cast<const float*>(x);
-  } else if (x_code == 0) {
+  if (K % 8 != 0 || M <= 0 || N <= 0 || x_stride < K || y_stride < N || w_code < 0 || w_code > 2) return -1;
+  num_threads = std::max(1, num_threads);
+  Args a{x, x_stride, K, scale, bias, y, y_stride};
+#ifdef __AVX512BF16__
+  if (x_code == 1 && w_code == 1) {
+    run<PairLanes<uint16_t>, uint16_t>(a, static_cast<const uint16_t*>(w), M, N, num_threads);
+    return 0;
+  }
+  if (x_code == 1 && w_code == 2) {
+    run<PairLanes<int8_t>, uint16_t>(a, static_cast<const int8_t*>(w), M, N, num_threads);
+    return 0;
+  }
+#endif
+  std::vector<float> xf;  // float lanes read float32 rows, K apart
+  if (x_code == 0 && x_stride != K) {
     xf = to_float_rows(static_cast<const float*>(x), x_stride, M, K);
-    xp = xf.data();
   } else if (x_code == 1) {
     xf = to_float_rows(static_cast<const uint16_t*>(x), x_stride, M, K);
-    xp = xf.data();
-  } else {
+  } else if (x_code != 0) {
     return -1;
   }
-  Args a{xp, K, scale, bias, y, y_stride};
-  num_threads = std::max(1, num_threads);
-  return x_code == 0 ? dispatch_weight<float>(w_code, a, w, M, N, num_threads)
-                     : dispatch_weight<uint16_t>(w_code, a, w, M, N, num_threads);
+  if (!xf.empty()) {
+    a.x = xf.data();
+    a.x_stride = K;
+  }
+  return x_code == 0 ? float_lanes<float>(w_code, a, w, M, N, num_threads)
+                     : float_lanes<uint16_t>(w_code, a, w, M, N, num_threads);
 }
