@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from builtin_plugins.cpu.linear import CpuInt8LinearMethod, OneDnnLinearMethod
+from builtin_plugins.cpu.linear import _PACKED_DTYPES, CpuInt8LinearMethod, OneDnnLinearMethod, prepack_linears
 from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel
 
 kernel = load_small_gemm_kernel()
@@ -137,3 +137,18 @@ def test_unquantized_bf16_prefill_rows_match_fp32_reference():
     magnitude = x.double().abs() @ layer.weight.double().abs().T + bias.double().abs()
     y = method.apply(layer, x, bias)
     assert y.dtype == torch.bfloat16 and ((y.double() - expected).abs() <= 8e-3 * magnitude + 1e-6).all()
+
+
+@pytest.mark.skipif(torch.float32 not in _PACKED_DTYPES, reason="oneDNN linear prepacking is not available")
+def test_prepack_linears_packs_at_start_up_and_batches_reuse_it():
+    g = torch.Generator().manual_seed(3)
+    model = nn.Sequential(_layer(torch.randn(48, 64, generator=g)))
+    model[0].quant_method = method = OneDnnLinearMethod()
+    method.process_weights_after_loading(model[0])
+    prepack_linears(model)
+    packed = model[0].__dict__["_onednn_weight"]
+    x = torch.randn(kernel.max_rows_by_dtype[torch.float32] + 1, 64, generator=g)  # a batch for oneDNN
+    with torch.inference_mode():
+        y = method.apply(model[0], x, None)
+    assert model[0].__dict__["_onednn_weight"] is packed
+    torch.testing.assert_close(y, x @ model[0].weight.T, rtol=1e-5, atol=1e-5)

@@ -7,6 +7,7 @@ import os
 import torch
 
 from builtin_plugins.cpu.hugepages import move_weights_to_huge_pages
+from builtin_plugins.cpu.linear import prepack_linears
 from kernelcore import envs
 from kernelcore.distributed import init_distributed
 from kernelcore.executor.worker import WorkerBase
@@ -20,6 +21,7 @@ class CpuWorker(WorkerBase):
         runner.load_model()
         if envs.KC_CPU_HUGE_PAGES:
             move_weights_to_huge_pages(runner.model)
+        prepack_linears(runner.model)
         self.model_runner = runner
 
     def init_device(self) -> None:
