@@ -11,6 +11,8 @@ envs.declare("KC_CPU_SMALL_GEMM_ROWS", lambda v: 8 if v is None else int(v), own
 envs.declare("KC_CPU_GRAPH_MAX_BATCH", lambda v: 8 if v is None else int(v), owner="cpu")
 # 0 = model weights stay in the loader's memory instead of one transparent-huge-page arena.
 envs.declare("KC_CPU_HUGE_PAGES", lambda v: v is None or envs.boolean(v), owner="cpu")
+# 0 = glibc's malloc keeps its defaults in the CPU worker (large blocks mmapped per allocation, trimmed on free).
+envs.declare("KC_CPU_KEEP_FREED_MEMORY", lambda v: v is None or envs.boolean(v), owner="cpu")
 
 
 @hookimpl

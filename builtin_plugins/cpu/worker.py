@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from builtin_plugins.cpu.allocator import keep_freed_memory
 from builtin_plugins.cpu.hugepages import move_weights_to_huge_pages
 from builtin_plugins.cpu.linear import prepack_linears
 from kernelcore import envs
@@ -25,6 +26,8 @@ class CpuWorker(WorkerBase):
         self.model_runner = runner
 
     def init_device(self) -> None:
+        if envs.KC_CPU_KEEP_FREED_MEMORY:
+            keep_freed_memory()
         super().init_device()
         num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         parallel = self.config.parallel
