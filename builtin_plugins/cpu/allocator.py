@@ -24,7 +24,9 @@ def keep_freed_memory() -> bool:
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018  (glibc only)
-        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        tuned = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        logger.debug("malloc keeps freed memory: %s", tuned)
+        return tuned
     except (OSError, AttributeError):
         logger.debug("not glibc: the CPU worker's allocator is left as it is")
         return False

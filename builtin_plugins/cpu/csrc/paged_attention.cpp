@@ -21,6 +21,10 @@
 #include <utility>
 #include <vector>
 
+#ifndef KC_PREFETCH_BLOCKS  // how far ahead in a block table the decode loops prefetch (0: none)
+#define KC_PREFETCH_BLOCKS 2
+#endif
+
 namespace {
 
 inline float to_float(float x) { return x; }
@@ -72,7 +76,10 @@ inline fvec loadv(const float* p) {
   return v;
 }
 inline fvec loadv(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(__AVX512F__)  // vpmovzxwd + vpslld, as on AVX2 (GCC splits the generic widening into halves)
+  return (fvec)_mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+#elif defined(__AVX2__)
   return (fvec)_mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 #else
@@ -154,6 +161,13 @@ inline void block_values(const T* vb, int64_t hs, int64_t n, const float* p, int
     for (int c = 0; c < CW; ++c) std::memcpy(acc + g * hs + c * VW, &a[g][c], sizeof a[g][c]);
 }
 
+// The blocks a sequence reads are wherever its block table says: the hardware prefetcher cannot follow them,
+// so the slabs of the block KC_PREFETCH_BLOCKS ahead are requested while this one computes.
+inline void prefetch(const void* start, int64_t bytes) {
+  const char* p = static_cast<const char*>(start);
+  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset, 0, 1);
+}
+
 // One sequence's kv heads [0, num_item_heads) (pointers already at the first) for head size 16 * NV and
 // block size 16 * NB, with GCC vector types (AVX-512 / AVX2 / NEON as the machine has). Keys are stored
 // transposed ([hs, bs] per block and head), so a query meets a whole block of keys in one vector FMA per d;
@@ -175,7 +189,10 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
   for (int64_t i = 0; i < num_rows * hs; ++i) qf[i] = to_float(q[i]) * s.scale;
 
   // Pass 1: scores[h * group + g, t - base] = q . k_t
+  const int64_t item_bytes = num_item_heads * slab * sizeof(T), last_block = (seq_len - 1) / bs;
   for (int64_t t0 = base, b = first_block; t0 < seq_len; t0 += bs, ++b) {
+    if (b + KC_PREFETCH_BLOCKS <= last_block)
+      prefetch(k_cache + block_table[b + KC_PREFETCH_BLOCKS] * block_stride, item_bytes);
     for (int64_t h = 0; h < num_item_heads; ++h) {
       const T* kt = k_cache + block_table[b] * block_stride + h * slab;
       for (int64_t g = 0; g < group; g += GS) {
@@ -197,6 +214,8 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
   std::fill(acc, acc + num_rows * hs, 0.f);
   for (int64_t t0 = base, b = first_block; t0 < seq_len; t0 += bs, ++b) {
     const int64_t n = std::min(bs, seq_len - t0);
+    if (b + KC_PREFETCH_BLOCKS <= last_block)
+      prefetch(v_cache + block_table[b + KC_PREFETCH_BLOCKS] * block_stride, item_bytes);
     for (int64_t h = 0; h < num_item_heads; ++h) {
       const T* vb = v_cache + block_table[b] * block_stride + h * slab;
       for (int64_t g = 0; g < group; g += GV) {
