@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from builtin_plugins.cpu.linear import fast_linear  # noqa: E402
+from builtin_plugins.cpu.linear import _int8_bf16_linear, fast_linear  # noqa: E402
 from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel  # noqa: E402
 
 SHAPES = [(768, 768), (3072, 768), (768, 3072), (32000, 768), (1280, 768), (4096, 768), (768, 2048)]  # (N, K)
@@ -32,11 +32,13 @@ def _impls(n: int, k: int) -> dict:
     w16 = w32.bfloat16()
     scale = w32.abs().amax(dim=1) / 127
     q = torch.round(w32 / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    holder = nn.Module()
+    holder, holder16 = nn.Module(), nn.Module()
     impls = {
         "F.linear bf16": ("bf16", lambda x: F.linear(x, w16)),
         "F.linear fp32": ("fp32", lambda x: F.linear(x, w32)),
         "oneDNN fp32": ("fp32", lambda x: fast_linear(holder, x, w32, None)),
+        "oneDNN bf16": ("bf16", lambda x: fast_linear(holder16, x, w16, None)),
+        "int8 widened bf16": ("bf16", lambda x: _int8_bf16_linear(x, q, None, scale)),
         "int8pack_mm bf16x": ("bf16", lambda x: torch._weight_int8pack_mm(x, q, scale.bfloat16())),
         "bf16 upcast to fp32": ("bf16", lambda x: F.linear(x.float(), w16.float()).bfloat16()),
     }
@@ -59,18 +61,21 @@ def _impls(n: int, k: int) -> dict:
               help="cpu: this process's CPU time (with --threads 1, what a loaded machine's scheduling cannot "
                    "distort)")
 @click.option("--shapes", default=None, help="comma-separated NxK (default: all)")
-def main(threads, rows, repeats, calls, clock, shapes):
+@click.option("--only", default=None, help="comma-separated implementation names to run (default: all)")
+def main(threads, rows, repeats, calls, clock, shapes, only):
     clock_fn = time.process_time if clock == "cpu" else time.perf_counter
     shape_list = [tuple(int(v) for v in s.split("x")) for s in shapes.split(",")] if shapes else SHAPES
     torch.set_num_threads(threads)
     print(f"threads {threads}, {clock} clock, load average {os.getloadavg()[0]:.2f}")
     for n, k in shape_list:
         impls = _impls(n, k)
+        if only:
+            impls = {name: impl for name, impl in impls.items() if name in only.split(",") or name == "F.linear bf16"}
         for m in (int(r) for r in rows.split(",")):
             xs = {"fp32": torch.randn(m, k), "bf16": torch.randn(m, k).bfloat16()}
             kernel = load_small_gemm_kernel()
-            if kernel is not None and m > kernel.max_rows_by_dtype[torch.float32]:  # native fp32 returns None
-                impls = {name: impl for name, impl in impls.items() if not name.startswith("native")}
+            if kernel is not None:  # every native variant at every size, whatever the routing would pick
+                kernel.max_rows_by_dtype = dict.fromkeys(kernel.max_rows_by_dtype, 1 << 20)
             times: dict[str, list[float]] = {name: [] for name in impls}
             for _ in range(repeats):
                 for name, (act, fn) in impls.items():

@@ -1,11 +1,12 @@
 """Keep freed memory in the CPU worker's heap instead of returning it to the kernel.
 
-torch's CPU tensors come from glibc's malloc, which serves every block of 32 MiB or more (and, until its
-threshold adapts, of 128 KiB or more) with a fresh ``mmap`` and unmaps it on free. A prefill chunk of 2048 tokens
-makes several such activations per layer, so every chunk page-faulted and zeroed them again: about 40% of
-the first chunk's time on a 125M-parameter model (docs/performance.md). With mmap off and trimming raised,
-the worker's memory stays at its peak and is reused, which is what a server process wants (the role
-tcmalloc/jemalloc play under LD_PRELOAD elsewhere). Only glibc is tuned; elsewhere nothing changes.
+torch's CPU tensors come from glibc's malloc, which serves a block of 128 KiB or more with a fresh ``mmap``
+until its threshold adapts to the sizes it has seen freed, and unmaps it on free. A prefill chunk of 2048
+tokens makes many such activations per layer, so a server's first large chunks page-faulted and zeroed
+them again (the first 2048-token chunk of a 125M-parameter model took 0.8-1.0 s instead of 0.5-0.6;
+docs/performance.md). The threshold is set to glibc's largest (32 MiB) and trimming raised: activations are
+reused from the heap, while the KV cache and other huge blocks keep their own mappings. (Turning mmap off
+altogether measured slower at batch 1.) Only glibc is tuned; elsewhere nothing changes.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import logging
 
 logger = logging.getLogger("kernelcore.cpu")
 
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 TRIM_THRESHOLD = 1 << 30  # a free block at the heap's top is returned to the kernel only above 1 GiB
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks below it come from the heap (the KV cache still gets a mapping)
 
 
 def keep_freed_memory() -> bool:
@@ -24,7 +26,8 @@ def keep_freed_memory() -> bool:
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018  (glibc only)
-        tuned = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        tuned = (bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+                 and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)))
         logger.debug("malloc keeps freed memory: %s", tuned)
         return tuned
     except (OSError, AttributeError):
