@@ -92,6 +92,11 @@ class ModelRunner:
 
     def prepare(self, entries: list[SeqBatchEntry]):
         """input_ids, positions, attention metadata and logits row indices for a flattened batch."""
+        if all(len(e.token_ids) == 1 and e.num_logits == 1 and not e.lora_id for e in entries):
+            return self._prepare_decode(entries)
+        return self._prepare_any(entries)
+
+    def _prepare_any(self, entries: list[SeqBatchEntry]):
         block_size = self.block_size
         query_lens = [len(e.token_ids) for e in entries]
         context_lens = [e.num_computed_tokens for e in entries]
@@ -126,6 +131,26 @@ class ModelRunner:
             assert self.lora_manager is not None  # adapters are only added to a runner with LoRA enabled
             lora_ids = torch.tensor(self.lora_manager.activate([e.lora_id for e in entries]))[seq_idx]
         return input_ids, positions, metadata, logits_idx, lora_ids
+
+    def _prepare_decode(self, entries: list[SeqBatchEntry]):
+        """prepare() for a step of decode tokens only (one token and one logit row each, no adapter), built
+        from plain lists: the per-token index arithmetic of the general case is a dozen small torch ops per
+        step, a noticeable share of a batch-1 step on a CPU."""
+        block_size = self.block_size
+        context_lens = [e.num_computed_tokens for e in entries]  # the new token's position
+        seq_lens = [c + 1 for c in context_lens]
+        num_blocks = [-(-s // block_size) for s in seq_lens]
+        max_blocks = max(num_blocks)
+        tables = [e.block_table[:n] + [0] * (max_blocks - n) for e, n in zip(entries, num_blocks)]
+        slots = [t[c // block_size] * block_size + c % block_size for t, c in zip(tables, context_lens)]
+        context_lens_t = torch.tensor(context_lens, dtype=torch.long)
+        metadata = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long), query_start_loc=torch.arange(len(entries) + 1),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.long), context_lens=context_lens_t,
+            block_tables=torch.tensor(tables, dtype=torch.long), query_lens_list=[1] * len(entries),
+            seq_lens_list=seq_lens, max_query_len=1, max_seq_len=max(seq_lens))
+        input_ids = torch.tensor([e.token_ids[0] for e in entries], dtype=torch.long)
+        return input_ids, context_lens_t, metadata, torch.arange(len(entries)), None
 
     @torch.inference_mode()
     def execute(self, entries: list[SeqBatchEntry]) -> torch.Tensor | None:
