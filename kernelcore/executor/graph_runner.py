@@ -153,6 +153,7 @@ class DecodeGraphRunner:
         self.seq_lens[:n].copy_(metadata.seq_lens, non_blocking=True)
         self.context_lens[:n].copy_(metadata.context_lens, non_blocking=True)
         self.block_tables[:n, :metadata.block_tables.shape[1]].copy_(metadata.block_tables, non_blocking=True)
-        self._pad_rows(n, size)  # rows a previous, larger step left behind must not write its slots again
+        if size > n:
+            self._pad_rows(n, size)  # rows a previous, larger step left behind must not write its slots again
         self.num_replays += 1
         return self.graphs[size].replay()[:n]
