@@ -73,9 +73,11 @@ def test_leading_dims_and_fallbacks():
     y = kernel(x, weight)
     assert y.shape == (2, 3, 40)
     torch.testing.assert_close(y, x @ weight.T, rtol=1e-5, atol=1e-5)
-    assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.float32] + 1, 64), weight) is None  # oneDNN's
-    assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.int8] + 1, 64), weight.to(torch.int8),
+    assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.float32, torch.float32] + 1, 64), weight) is None  # oneDNN's
+    assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.int8, torch.float32] + 1, 64), weight.to(torch.int8),
                   torch.ones(40)) is None  # prefill-sized int8: torch's path
+    # float32 activations over int8 keep the native batches on every CPU (the bf16 GEMM serves bf16 ones only)
+    assert kernel(torch.randn(100, 64), weight.to(torch.int8), torch.ones(40)) is not None
     assert kernel(torch.randn(1, 60), torch.randn(40, 60)) is None  # K not a multiple of 8
     assert kernel(torch.randn(1, 64, dtype=torch.float16), weight.half()) is None
     assert kernel(torch.randn(1, 64), weight.t().contiguous().t()) is None  # not row-major
@@ -131,7 +133,7 @@ def test_unquantized_bf16_prefill_rows_match_fp32_reference():
     layer = _layer(torch.randn(48, 64, generator=g).bfloat16())
     method = OneDnnLinearMethod()
     method.process_weights_after_loading(layer)
-    x = torch.randn(kernel.max_rows_by_dtype[torch.bfloat16] + 1, 64, generator=g).bfloat16()  # past the native kernel
+    x = torch.randn(kernel.max_rows_by_dtype[torch.bfloat16, torch.bfloat16] + 1, 64, generator=g).bfloat16()  # past the native kernel
     bias = torch.randn(48, generator=g).bfloat16()
     expected = (x.double() @ layer.weight.double().T + bias.double())
     magnitude = x.double().abs() @ layer.weight.double().abs().T + bias.double().abs()
@@ -147,7 +149,7 @@ def test_prepack_linears_packs_at_start_up_and_batches_reuse_it():
     method.process_weights_after_loading(model[0])
     prepack_linears(model)
     packed = model[0].__dict__["_onednn_weight"]
-    x = torch.randn(kernel.max_rows_by_dtype[torch.float32] + 1, 64, generator=g)  # a batch for oneDNN
+    x = torch.randn(kernel.max_rows_by_dtype[torch.float32, torch.float32] + 1, 64, generator=g)  # a batch for oneDNN
     with torch.inference_mode():
         y = method.apply(model[0], x, None)
     assert model[0].__dict__["_onednn_weight"] is packed

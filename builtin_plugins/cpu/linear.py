@@ -63,7 +63,7 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
         self._kernel = _small_gemm()
 
     def prepack(self, layer: nn.Module) -> None:
-        """Pack the weight for oneDNN now (where its batches go there), not in the first batch that needs it."""
+        """Pack the weight for oneDNN now (for a dtype oneDNN serves), not in the first batch that needs it."""
         weight = cast(torch.Tensor, layer.weight)
         if weight.dtype in _PACKED_DTYPES and weight.device.type == "cpu":
             with torch.inference_mode():
@@ -93,6 +93,15 @@ def prepack_linears(model: nn.Module) -> None:
 _scratch = threading.local()
 
 
+def _scratch_like(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A ``dtype`` tensor of the weight's shape in a buffer kept per thread and dtype (grown, never shrunk)."""
+    buffers = _scratch.__dict__.setdefault("buffers", {})
+    buffer = buffers.get(dtype)
+    if buffer is None or buffer.numel() < weight.numel():
+        buffer = buffers[dtype] = torch.empty(weight.numel(), dtype=dtype)
+    return buffer[:weight.numel()].view(weight.shape)
+
+
 def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    scale: torch.Tensor | None = None) -> torch.Tensor:
     """bf16 (or int8, with ``scale``) ``F.linear`` for calls the native kernel does not take (prefill-sized)
@@ -100,10 +109,7 @@ def _upcast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     bf16 ``F.linear`` (docs/performance.md); same fp32 accumulation, one rounding.
     The fp32 copy goes to a buffer kept per thread: a fresh tensor per call was a new mapping page-faulted in
     (tens of MB per step)."""
-    buffer = getattr(_scratch, "buffer", None)
-    if buffer is None or buffer.numel() < weight.numel():
-        buffer = _scratch.buffer = torch.empty(weight.numel(), dtype=torch.float32)
-    upcast = buffer[:weight.numel()].view(weight.shape)
+    upcast = _scratch_like(weight, torch.float32)
     if scale is None:
         upcast.copy_(weight)
     else:  # an int8 weight's per-output-channel scale, applied in the same pass (int8 -> float32 is exact)
@@ -116,10 +122,7 @@ def _int8_bf16_linear(x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor
     """A bf16-activation int8 linear for calls the native kernel does not take, where the CPU has bf16 dot
     products: the int8 weight is converted to bf16 (exact: every int8 is a bf16) in a reused buffer, oneDNN's bf16
     GEMM runs, and the per-output-channel scale is applied to its output (float32) before the one rounding."""
-    buffer = getattr(_scratch, "buffer16", None)
-    if buffer is None or buffer.numel() < qweight.numel():
-        buffer = _scratch.buffer16 = torch.empty(qweight.numel(), dtype=torch.bfloat16)
-    widened = buffer[:qweight.numel()].view(qweight.shape)
+    widened = _scratch_like(qweight, torch.bfloat16)
     widened.copy_(qweight)
     y = F.linear(x, widened).float().mul_(scale)
     if bias is not None:

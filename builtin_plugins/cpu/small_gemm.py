@@ -38,25 +38,27 @@ class SmallGemmKernel:
         self._fn.argtypes = [ctypes.c_int, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
                              ctypes.c_int]
         self._fn.restype = ctypes.c_int
-        self.pair_dot = bool(library.kc_small_gemm_features() & 2)  # compiled for AVX512-BF16
+        self.pair_dot = bool(library.kc_small_gemm_features() & 1)  # compiled for AVX512-BF16
         # Read once: this runs on every decode-step linear. bfloat16/int8 weights have no fast torch path on
         # AVX2 (an upcast per call, or _weight_int8pack_mm), so the kernel takes their batches too, up to
         # where it measured faster (docs/performance.md); float32 weights go to oneDNN above a few rows.
+        # Keyed by (weight dtype, activation dtype): pair dot products serve bfloat16 activations only.
         rows = envs.KC_CPU_SMALL_GEMM_ROWS
-        low = PAIR_DOT_ROWS if self.pair_dot else LOW_PRECISION_ROWS
-        self.max_rows_by_dtype = {torch.float32: rows, torch.bfloat16: rows and max(rows, low[0]),
-                                  torch.int8: rows and max(rows, low[1])}
-        self.max_rows = max(self.max_rows_by_dtype.values())
+        self.max_rows_by_dtype: dict[tuple[torch.dtype, torch.dtype], int] = {}
+        for act in ACT_CODES:
+            low = PAIR_DOT_ROWS if self.pair_dot and act == torch.bfloat16 else LOW_PRECISION_ROWS
+            self.max_rows_by_dtype.update({(torch.float32, act): rows, (torch.bfloat16, act): rows and max(rows, low[0]),
+                                           (torch.int8, act): rows and max(rows, low[1])})
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
                  bias: torch.Tensor | None = None, owner: object | None = None) -> torch.Tensor | None:
         """``x [..., K] @ weight[N, K].T * scale[N] + bias[N]`` in x's dtype (float32 accumulation), or None
-        where the kernel does not apply (more than ``max_rows`` rows, another dtype or
+        where the kernel does not apply (more rows than ``max_rows_by_dtype`` allows, another dtype or
         layout): the caller keeps its torch path. ``scale`` float32 [N] (int8 weights). ``owner``: an object
         (the layer) to cache the checked weight pointers on; its per-call cost is then a few microseconds."""
         num_in = weight.shape[-1]
         rows = x.numel() // num_in if num_in else 0
-        if not 0 < rows <= self.max_rows_by_dtype.get(weight.dtype, 0) or x.dtype not in ACT_CODES:
+        if not 0 < rows <= self.max_rows_by_dtype.get((weight.dtype, x.dtype), 0):
             return None
         plan = owner.__dict__.get("_small_gemm") if owner is not None else None
         key = (weight.data_ptr(), None if scale is None else scale.data_ptr(),

@@ -292,14 +292,14 @@ int float_lanes(int w_code, const Args& a, const void* w, int64_t M, int64_t N, 
 
 }  // namespace
 
-// Bit 0: float lanes are AVX-512 wide; bit 1: bfloat16 activations over bfloat16/int8 weights use pair dot
-// products (the Python side routes batches by these).
+// Bit 0: bfloat16 activations over bfloat16/int8 weights use pair dot products (the Python side routes
+// bfloat16 batches by it).
 extern "C" int kc_small_gemm_features() {
-  int features = VW == 16 ? 1 : 0;
 #ifdef __AVX512BF16__
-  features |= 2;
+  return 1;
+#else
+  return 0;
 #endif
-  return features;
 }
 
 extern "C" int kc_small_gemm(int w_code, int x_code, const void* x, int64_t x_stride, const void* w,
