@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from builtin_plugins.cpu.linear_tuning import Candidates, Impl, run_tuned
 from kernelcore.layers.linear import Int8LinearMethod, UnquantizedLinearMethod
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -49,6 +50,10 @@ def fast_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: 
     return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
 
 
+def _tensor(layer: nn.Module, name: str) -> torch.Tensor:
+    return cast(torch.Tensor, getattr(layer, name))
+
+
 def _small_gemm():
     from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel
 
@@ -69,7 +74,37 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
             with torch.inference_mode():
                 fast_linear(layer, weight.new_zeros(1, weight.shape[-1]), weight, None)
 
+    def candidates(self, layer: nn.Module) -> Candidates:
+        """The ways this layer's matmul can run here, for the start-up tuning (linear_tuning.py)."""
+        weight = _tensor(layer, "weight")
+        kernel = getattr(self, "_kernel", None)
+        small_gemm = kernel.run if kernel is not None else None
+
+        def torch_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            return F.linear(x, _tensor(layer, "weight"), bias)
+
+        def native(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+            return small_gemm(x, _tensor(layer, "weight"), None, bias, owner=layer) if small_gemm else None
+
+        def onednn(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            return fast_linear(layer, x, _tensor(layer, "weight"), bias)
+
+        def upcast(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            return _upcast_linear(x, _tensor(layer, "weight"), bias)
+
+        impls: dict[str, Impl] = {"torch": torch_linear}
+        if kernel is not None:
+            impls["native"] = native
+        if weight.dtype in _PACKED_DTYPES:
+            impls["onednn"] = onednn
+        elif weight.dtype == torch.bfloat16:
+            impls["upcast"] = upcast
+        return Candidates((type(self).__name__, tuple(weight.shape), weight.dtype), weight.dtype, impls)
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = run_tuned(layer, x, bias)
+        if y is not None:
+            return y
         weight = cast(torch.Tensor, layer.weight)
         kernel = getattr(self, "_kernel", None)
         if kernel is not None:
@@ -143,7 +178,37 @@ class CpuInt8LinearMethod(Int8LinearMethod):
             scale = cast(torch.Tensor, layer.weight_scale)
             layer.register_buffer("weight_scale_f32", scale.float(), persistent=False)
 
+    def candidates(self, layer: nn.Module) -> Candidates:
+        """The ways this layer's matmul can run here, for the start-up tuning (linear_tuning.py)."""
+        qweight, scale = _tensor(layer, "qweight"), _tensor(layer, "weight_scale")
+        kernel = getattr(self, "_kernel", None)
+        small_gemm = kernel.run if kernel is not None else None
+
+        def native(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+            if small_gemm is None:
+                return None
+            return small_gemm(x, _tensor(layer, "qweight"), _tensor(layer, "weight_scale_f32"), bias, owner=layer)
+
+        def widened(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            return _int8_bf16_linear(x, _tensor(layer, "qweight"), bias, _tensor(layer, "weight_scale_f32"))
+
+        def upcast(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            return _upcast_linear(x, _tensor(layer, "qweight"), bias, _tensor(layer, "weight_scale_f32"))
+
+        impls: dict[str, Impl] = {}
+        if kernel is not None:
+            impls["native"] = native
+            if scale.dtype == torch.bfloat16 and torch.bfloat16 in _PACKED_DTYPES:
+                impls["widened"] = widened
+            impls["upcast"] = upcast
+        if _INT8_MM:
+            impls["int8pack"] = _int8pack_linear
+        return Candidates((type(self).__name__, tuple(qweight.shape), qweight.dtype), scale.dtype, impls)
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = run_tuned(layer, x, bias)
+        if y is not None:
+            return y
         qweight, scale = cast(torch.Tensor, layer.qweight), cast(torch.Tensor, layer.weight_scale)
         kernel = getattr(self, "_kernel", None)
         if kernel is not None and x.dtype == scale.dtype:
@@ -158,8 +223,14 @@ class CpuInt8LinearMethod(Int8LinearMethod):
             return _upcast_linear(x, qweight, bias, cast(torch.Tensor, layer.weight_scale_f32))
         if not _INT8_MM or x.dtype != scale.dtype or x.device.type != "cpu" or x.numel() == 0:
             return super().apply(layer, x, bias)
-        x2 = x.reshape(-1, x.shape[-1])
-        y = torch._weight_int8pack_mm(x2 if x2.is_contiguous() else x2.contiguous(), qweight, scale)
-        if bias is not None:
-            y.add_(bias)
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return _int8pack_linear(layer, x, bias)
+
+
+def _int8pack_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """torch's int8 weight-only matmul (activations in the scale's dtype)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch._weight_int8pack_mm(x2 if x2.is_contiguous() else x2.contiguous(), _tensor(layer, "qweight"),
+                                  _tensor(layer, "weight_scale"))
+    if bias is not None:
+        y.add_(bias)
+    return y.view(*x.shape[:-1], y.shape[-1])

@@ -129,14 +129,14 @@ def build_library(source: Path) -> Path:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     key = hashlib.sha256()
     for part in (source.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
-                 _compiler_version(compiler).encode(), _cpu_id().encode()):
+                 _compiler_version(compiler).encode(), cpu_id().encode()):
         key.update(part)
     out_dir = Path(envs.KC_CACHE_DIR) / "cpu-kernels"
     library = out_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _check_private(out_dir)
+    check_private(out_dir)
     if library.exists():
-        _check_private(library)
+        check_private(library)
         return library
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         obj, tmp_lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
@@ -145,13 +145,13 @@ def build_library(source: Path) -> Path:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if result.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()[-2000:]}")
-        tmp_lib.chmod(0o755)  # whatever the umask: _check_private refuses group/world-writable files
+        tmp_lib.chmod(0o755)  # whatever the umask: check_private refuses group/world-writable files
         os.replace(tmp_lib, library)  # atomic: concurrent workers building the same key both end up with it
     logger.info("built the CPU kernel %s: %s", source.name, library)
     return library
 
 
-def _check_private(path: Path) -> None:
+def check_private(path: Path) -> None:
     """Loading a library runs its code: refuse one that another user could have planted or replaced."""
     st = path.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
@@ -163,8 +163,8 @@ def _compiler_version(compiler: str) -> str:
     return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
 
 
-def _cpu_id() -> str:
-    """-march=native ties the library to this CPU model and its flags."""
+def cpu_id() -> str:
+    """This CPU's model and flags (what -march=native ties a library to)."""
     wanted = ("model name", "flags")
     lines = read_cpuinfo().splitlines()
     return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted})) or os.uname().machine

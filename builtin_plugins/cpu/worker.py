@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from builtin_plugins.cpu.allocator import keep_freed_memory
 from builtin_plugins.cpu.hugepages import move_weights_to_huge_pages
 from builtin_plugins.cpu.linear import prepack_linears
+from builtin_plugins.cpu.linear_tuning import tune_linears
 from kernelcore import envs
 from kernelcore.distributed import init_distributed
 from kernelcore.executor.worker import WorkerBase
@@ -23,6 +25,9 @@ class CpuWorker(WorkerBase):
         if envs.KC_CPU_HUGE_PAGES:
             move_weights_to_huge_pages(runner.model)
         prepack_linears(runner.model)
+        if envs.KC_CPU_TUNE_LINEARS:
+            tune_linears(runner.model, self.config.scheduler.max_num_batched_tokens,
+                         cache_dir=Path(envs.KC_CACHE_DIR) / "cpu-linear-tuning")
         self.model_runner = runner
 
     def init_device(self) -> None:

@@ -1,0 +1,234 @@
+"""Which matmul serves each CPU linear layer at each batch size, measured at start-up on this machine.
+
+The fastest way to multiply a few rows by a weight differs between CPUs by several times. On AVX2 the native
+small-M kernel wins every decode batch; with AVX512-BF16 oneDNN's bf16 GEMM wins above 16 rows; with AMX
+oneDNN wins bf16 at every size and torch's int8 matmul wins int8 at one row, where the native kernel is 2x
+slower (docs/performance.md). Thresholds tuned on one machine were wrong on the next, so each distinct layer
+shape is timed instead: every implementation its linear method offers (``candidates``), at row counts 1, 2,
+4 ... 512, over the layers of that shape in turn (as a forward pass streams them from memory), fastest kept.
+A call of R rows then takes the choice of the smallest measured count >= R (above 512, the 512-row choice).
+
+All implementations compute the same product with float32 accumulation; they differ in rounding only. The
+choices are kept in a JSON file per model shape, CPU (model and flags), thread count, torch version and native
+kernel source, so a restart measures nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from dataclasses import dataclass
+from typing import Callable, cast
+
+import torch
+from torch import nn
+
+logger = logging.getLogger("kernelcore.cpu")
+
+Impl = Callable[[nn.Module, torch.Tensor, "torch.Tensor | None"], "torch.Tensor | None"]
+ROW_COUNTS = tuple(1 << i for i in range(10))  # 1 ... 512
+SAMPLE_BYTES = 256 << 20  # at most this much of one shape's layers streamed per timing pass
+MEMORY_BOUND_ROWS = 4  # up to this many rows a linear's time is its weight's bytes over the memory bandwidth
+PASSES = 3  # timing passes per (rows, implementation); the fastest is kept (noise only ever adds time)
+COMPUTE_BOUND_PASSES = 2  # compute-bound times vary less
+DROP_RATIO = 3.0  # an implementation this many times slower than the best at some rows is not timed above them
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What a linear method can run one layer's matmul with. ``key``: layers with equal keys share a choice
+    (method, weight shape, weight dtype); ``dtype``: the activations' dtype; ``impls``: name -> implementation,
+    each ``impl(layer, x, bias)`` returning the output or None where it does not apply."""
+
+    key: tuple
+    dtype: torch.dtype
+    impls: dict[str, Impl]
+
+
+@dataclass(frozen=True)
+class TunedLinear:
+    """A layer's measured choice: ``names[i]`` (``impls[i]``) serves calls of up to ``ROW_COUNTS[i]`` rows."""
+
+    dtype: torch.dtype
+    names: tuple[str, ...]
+    impls: tuple[Impl, ...]
+
+
+def row_index(rows: int) -> int:
+    return min(max(rows - 1, 0).bit_length(), len(ROW_COUNTS) - 1)
+
+
+def run_tuned(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The layer's output through its measured choice, or None where it has none for x's dtype."""
+    tuned: TunedLinear | None = layer.__dict__.get("_tuned_linear")
+    if tuned is None or x.dtype != tuned.dtype or x.device.type != "cpu" or not x.shape[-1]:
+        return None
+    return tuned.impls[row_index(x.numel() // x.shape[-1])](layer, x, bias)
+
+
+def tune_linears(model: nn.Module, max_rows: int = ROW_COUNTS[-1],
+                 cache_dir: Path | None = None) -> dict[tuple, tuple[str, ...]]:
+    """Measure and install a choice on every layer whose linear method offers ``candidates``; returns the
+    choices by layer key. ``max_rows``: the largest call the model will see (no larger counts are timed).
+    ``cache_dir``: where measured choices are kept and looked up (None: always measure)."""
+    groups: dict[tuple, _Group] = {}
+    for module in model.modules():
+        offer = getattr(getattr(module, "quant_method", None), "candidates", None)
+        if offer is None:
+            continue
+        candidates = offer(module)
+        if candidates.impls:
+            groups.setdefault(candidates.key, _Group(candidates)).layers.append(module)
+    counts = sorted({n for n in ROW_COUNTS if n < max_rows} | {min(max(max_rows, 1), ROW_COUNTS[-1])})
+    start = time.perf_counter()
+    cache = cache_dir / f"{_identity(groups, counts)}.json" if cache_dir is not None and groups else None
+    measured = _read(cache, groups) if cache is not None else None
+    from_cache = measured is not None
+    if measured is None:
+        with torch.inference_mode():
+            for rows in counts:
+                begin = time.perf_counter()
+                _time_at(list(groups.values()), rows)
+                logger.debug("linear tuning: %d rows in %.3f s", rows, time.perf_counter() - begin)
+        # Counts not timed (past max_rows, or every implementation refused) take the last measured choice.
+        measured = {key: tuple(group.winners + [group.winners[-1]] * (len(ROW_COUNTS) - len(group.winners)))
+                    for key, group in groups.items() if group.winners}
+        if cache is not None:
+            _write(cache, groups, measured)
+    choices = {}
+    for key, names in measured.items():
+        group = groups[key]
+        impls = tuple(group.candidates.impls[name] for name in names)
+        for layer in group.layers:
+            layer.__dict__["_tuned_linear"] = TunedLinear(group.candidates.dtype, names, impls)
+        choices[key] = names
+    logger.info("CPU linears tuned in %.2f s%s: %s", time.perf_counter() - start,
+                f" (from {cache})" if from_cache else "",
+                "; ".join(f"{' '.join(map(str, key[1:]))}: {_summary(names)}" for key, names in choices.items()))
+    return choices
+
+
+class _Group:
+    """The layers sharing one key, the implementations still in the running, and the winner per count."""
+
+    def __init__(self, candidates: Candidates) -> None:
+        self.candidates = candidates
+        self.layers: list[nn.Module] = []
+        self.alive = dict(candidates.impls)
+        self.winners: list[str] = []
+        self.done = False
+
+
+def _time_at(groups: list[_Group], rows: int) -> None:
+    """One count of rows for every group. Few rows are memory bound: each group streams all its layers, and
+    the groups are timed in turn within a pass, so (as in a forward) the others' weights pass through the
+    caches in between. Larger counts are compute bound and are timed on one layer."""
+    generator = torch.Generator().manual_seed(rows)
+    live: list[tuple[_Group, torch.Tensor, list[nn.Module], dict[str, float]]] = []
+    for group in groups:
+        if group.done:
+            continue
+        first = group.layers[0]
+        x = torch.randn(rows, _weight(first).shape[-1], generator=generator).to(group.candidates.dtype)
+        for name, impl in list(group.alive.items()):  # one warm-up call each; drop what does not apply
+            try:
+                if impl(first, x, _bias(first)) is None:
+                    del group.alive[name]
+            except (RuntimeError, ValueError):
+                del group.alive[name]
+        if not group.alive:
+            group.done = True  # larger counts keep the last choice
+            continue
+        sample = _stream_sample(group.layers) if rows <= MEMORY_BOUND_ROWS else group.layers[:1]
+        live.append((group, x, sample, {}))
+    rounds = max((len(group.alive) for group, *_ in live), default=0)
+    for _ in range(PASSES if rows <= MEMORY_BOUND_ROWS else COMPUTE_BOUND_PASSES):
+        for turn in range(rounds):  # implementations interleaved, so a burst of machine load hits them alike
+            for group, x, sample, best in live:
+                names = list(group.alive)
+                name = names[turn % len(names)]
+                impl = group.alive[name]
+                begin = time.perf_counter()
+                for layer in sample:
+                    impl(layer, x, _bias(layer))
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - begin)
+    for group, _, _, best in live:
+        winner = min(best, key=best.__getitem__)
+        group.winners.append(winner)
+        group.alive = {name: impl for name, impl in group.alive.items() if best[name] <= DROP_RATIO * best[winner]}
+
+
+def _stream_sample(layers: list[nn.Module]) -> list[nn.Module]:
+    sample, total = [], 0
+    for layer in layers:
+        sample.append(layer)
+        total += _weight(layer).nbytes
+        if total >= SAMPLE_BYTES:
+            break
+    return sample
+
+
+def _identity(groups: dict[tuple, _Group], counts: list[int]) -> str:
+    """What the measurements depend on: the machine, the threads, torch, the native kernels, the layers."""
+    from builtin_plugins.cpu import small_gemm
+    from builtin_plugins.cpu.native import cpu_id
+
+    parts = [cpu_id(), torch.__version__, str(torch.get_num_threads()), Path(small_gemm.SOURCE).read_text(),
+             repr(counts), repr(SAMPLE_BYTES)]
+    parts += [repr((key, str(g.candidates.dtype), len(g.layers), sorted(g.candidates.impls))) for key, g in groups.items()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _read(cache: Path, groups: dict[tuple, _Group]) -> dict[tuple, tuple[str, ...]] | None:
+    """The cached choices, or None where there are none (or they no longer name these layers' implementations)."""
+    from builtin_plugins.cpu.native import check_private
+
+    try:
+        check_private(cache)
+        entries = json.loads(cache.read_text())
+        measured = {}
+        for key, group in groups.items():
+            names = entries.get(repr(key))
+            if names is None:
+                continue
+            if len(names) != len(ROW_COUNTS) or not set(names) <= set(group.candidates.impls):
+                return None
+            measured[key] = tuple(names)
+        return measured
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        return None
+
+
+def _write(cache: Path, groups: dict[tuple, _Group], measured: dict[tuple, tuple[str, ...]]) -> None:
+    try:
+        cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False, suffix=".tmp") as f:
+            json.dump({repr(key): list(names) for key, names in measured.items()}, f)
+        os.replace(f.name, cache)  # atomic: concurrent workers measuring the same model both end up with one
+    except OSError as exc:
+        logger.warning("could not keep the CPU linear tuning in %s: %s", cache, exc)
+
+
+def _weight(layer: nn.Module) -> torch.Tensor:
+    weight = getattr(layer, "qweight", None)
+    return weight if isinstance(weight, torch.Tensor) else cast(torch.Tensor, layer.weight)
+
+
+def _bias(layer: nn.Module) -> torch.Tensor | None:
+    bias = getattr(layer, "bias", None)
+    return bias if isinstance(bias, torch.Tensor) else None
+
+
+def _summary(names: tuple[str, ...]) -> str:
+    """'native<=4 onednn' for a run of equal choices."""
+    parts: list[str] = []
+    for i, name in enumerate(names):
+        if i + 1 < len(names) and names[i + 1] == name:
+            continue
+        parts.append(name if i + 1 == len(names) else f"{name}<={ROW_COUNTS[i]}")
+    return " ".join(parts)
