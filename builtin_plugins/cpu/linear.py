@@ -199,8 +199,9 @@ class CpuInt8LinearMethod(Int8LinearMethod):
         if kernel is not None:
             impls["native"] = native
             if scale.dtype == torch.bfloat16 and torch.bfloat16 in _PACKED_DTYPES:
-                impls["widened"] = widened
-            impls["upcast"] = upcast
+                impls["widened"] = widened  # the float32 upcast's work in half the bytes and a bf16 GEMM
+            else:
+                impls["upcast"] = upcast
         if _INT8_MM:
             impls["int8pack"] = _int8pack_linear
         return Candidates((type(self).__name__, tuple(qweight.shape), qweight.dtype), scale.dtype, impls)

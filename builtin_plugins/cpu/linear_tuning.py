@@ -36,7 +36,8 @@ SAMPLE_BYTES = 256 << 20  # at most this much of one shape's layers streamed per
 MEMORY_BOUND_ROWS = 4  # up to this many rows a linear's time is its weight's bytes over the memory bandwidth
 PASSES = 3  # timing passes per (rows, implementation); the fastest is kept (noise only ever adds time)
 COMPUTE_BOUND_PASSES = 2  # compute-bound times vary less
-DROP_RATIO = 3.0  # an implementation this many times slower than the best at some rows is not timed above them
+LONG_CALL_S = 0.02  # once one call takes this long, larger counts keep the choice
+DROP_RATIO = 3.0  # slower than the best by this much, and by more than at fewer rows: not timed at more rows
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class _Group:
         self.layers: list[nn.Module] = []
         self.alive = dict(candidates.impls)
         self.winners: list[str] = []
+        self.ratios: dict[str, float] = {}  # each implementation's time over the winner's, at the last count
         self.done = False
 
 
@@ -157,10 +159,21 @@ def _time_at(groups: list[_Group], rows: int) -> None:
                 for layer in sample:
                     impl(layer, x, _bias(layer))
                 best[name] = min(best.get(name, float("inf")), time.perf_counter() - begin)
-    for group, _, _, best in live:
+    for group, _, sample, best in live:
         winner = min(best, key=best.__getitem__)
+        logger.debug("linear %s at %d rows over %d layers: %s", group.candidates.key, rows, len(sample),
+                     {name: f"{seconds * 1e3:.3f} ms" for name, seconds in best.items()})
         group.winners.append(winner)
-        group.alive = {name: impl for name, impl in group.alive.items() if best[name] <= DROP_RATIO * best[winner]}
+        # Dropped: what is far behind and falling further behind as rows grow. An implementation with a fixed
+        # cost per call (converting the weight) is far behind at one row and ahead at many.
+        ratios = {name: best[name] / best[winner] for name in best}
+        if rows > MEMORY_BOUND_ROWS:
+            group.alive = {name: impl for name, impl in group.alive.items()
+                           if ratios[name] <= DROP_RATIO or ratios[name] < group.ratios.get(name, float("inf"))}
+        group.ratios = ratios
+        # A call this long is compute bound at any larger count too: the ranking no longer moves, and timing
+        # it again would cost seconds (a vocabulary-sized head at hundreds of rows).
+        group.done = best[winner] / len(sample) > LONG_CALL_S
 
 
 def _stream_sample(layers: list[nn.Module]) -> list[nn.Module]:
