@@ -1,12 +1,14 @@
-"""kc serve vs llama.cpp's llama-server, same run, one client, servers one at a time.
+"""kc serve vs llama.cpp's llama-server, same run, one client, one server measured at a time.
 
     python benchmarks/compare_llamacpp.py                          # fp32, bf16, int8 (vs Q8_0), medians of 3
     python benchmarks/compare_llamacpp.py --precisions fp32 --num-runs 1 --workloads batch1
 
 llama-server is built from the llama-cpp-python sdist on PyPI (benchmarks/llamacpp_build.py, cached) and reads
 the benchmark checkpoint converted by llama.cpp's own convert_hf_to_gguf.py (f32, bf16, q8_0). Both servers get
-token-id prompts, greedy sampling, ignore_eos, the same thread count. Runs are interleaved (kc, llama, kc, ...)
-so both see the same machine load; the ratio printed is the median of the per-run ratios. Never part of CI.
+token-id prompts, greedy sampling, ignore_eos, the same thread count. Both servers stay up (the idle one takes no
+CPU) and each workload runs on kc, then at once on llama-server, run after run, so a drift in the machine's
+speed (seen: 30% within minutes on a shared host) hits both alike; the ratio printed is the median of the
+per-run ratios. Never part of CI.
 
 Workloads (fixed seed, a Llama-125M-shaped random checkpoint with a byte-fallback BPE tokenizer):
   uniform: 32 requests x (128 prompt + 128 out), all at once
@@ -17,6 +19,7 @@ Workloads (fixed seed, a Llama-125M-shaped random checkpoint with a byte-fallbac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -80,13 +83,24 @@ def free_port() -> int:
 class Server:
     """One server process on a loopback port, stopped on exit."""
 
-    def __init__(self, kind: str, argv: list[str], port: int, log_path: str) -> None:
-        self.kind, self.argv, self.port, self.log_path = kind, argv, port, log_path
+    def __init__(self, kind: str, argv: list[str], port: int, log_path: str,
+                 fallback: list[str] | None = None) -> None:
+        """``fallback``: the command to start instead if ``argv`` crashes (a signal) before it is healthy."""
+        self.kind, self.argv, self.port, self.log_path, self.fallback = kind, argv, port, log_path, fallback
 
     def __enter__(self):
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
-        asyncio.run(self._wait_healthy())
+        try:
+            asyncio.run(self._wait_healthy())
+        except RuntimeError:
+            if not self.fallback or self.proc.returncode is None or self.proc.returncode >= 0:
+                raise
+            click.echo(f"  {self.kind} crashed (signal {-self.proc.returncode}) loading the model; "
+                       f"retrying as {' '.join(self.fallback[len(self.argv):])!r} appended")
+            self.argv = self.fallback
+            self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
+            asyncio.run(self._wait_healthy())
         return self
 
     async def _wait_healthy(self, timeout: float = 900.0) -> None:
@@ -181,17 +195,27 @@ def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llam
     work = {w: make_workload(w, 32000) for w in names}
     click.echo(f"llama-server {binary}; threads {threads}; load average {os.getloadavg()[0]:.1f}; runs interleaved")
     rows = []
+    notes: set[str] = set()
     for precision in precisions.split(","):
         flags, outtype = PRECISIONS[precision]
         gguf = convert(path, outtype, llamacpp_version) if binary else None
         results = {(k, w): [] for k in engines for w in names}
-        for run in range(num_runs):
-            for kind in engines:
-                port = free_port()
+        with contextlib.ExitStack() as stack:
+            ports = {}
+            for kind in engines:  # both up, idle but for the one being measured
+                port = ports[kind] = free_port()
                 argv = kc_argv(path, flags, port, threads) if kind == "kc" else llama_argv(binary, gguf, port, threads)
-                with Server(kind, argv, port, os.path.join(root, f"{kind}-{precision}.log")):
-                    for w in names:
-                        results[(kind, w)].append(asyncio.run(run_workload(kind, port, *work[w])))
+                # llama.cpp's weight repacking for some CPUs crashes on load (seen: Q8_0 on an AMX Xeon); its
+                # plain layout is what such a user would be left with.
+                fallback = argv + ["--no-repack"] if kind == "llama" else None
+                server = stack.enter_context(Server(kind, argv, port, os.path.join(root, f"{kind}-{precision}.log"),
+                                                    fallback))
+                if server.argv is fallback:
+                    notes.add(f"{precision}: llama-server crashed loading the model and ran with --no-repack")
+            for run in range(num_runs):
+                for w in names:
+                    for kind in engines:  # adjacent in time: a drift in the machine's speed hits both alike
+                        results[(kind, w)].append(asyncio.run(run_workload(kind, ports[kind], *work[w])))
                         click.echo(f"  run {run + 1} {precision} {kind:5s} {w:8s} {results[(kind, w)][-1]:8.1f} tok/s")
         for w in names:
             kc, ll = results.get(("kc", w), []), results.get(("llama", w), [])
@@ -203,6 +227,8 @@ def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llam
     for r in rows:
         click.echo(f"| {r['workload']} | {r['precision']} | {r['kc']:.0f} | {r['llama']:.0f} | {r['ratio']:.2f}x |")
     click.echo(f"(medians of {num_runs}; load average at the end {os.getloadavg()[0]:.1f})")
+    for note in sorted(notes):
+        click.echo(f"note: {note}")
     if json_out:
         with open(json_out, "w") as f:
             json.dump(rows, f, indent=2)

@@ -8,6 +8,10 @@ rows (default 8; larger float32 batches go to oneDNN/MKL, which are faster there
 no fast torch path on AVX2 (their weight is upcast per call), so the kernel also takes their batches and most
 prefill chunks, up to ``LOW_PRECISION_ROWS``. Where the CPU has bfloat16 dot products (AVX512-BF16) oneDNN's
 bfloat16 GEMM is fast, and the kernel keeps only the batches it is faster at (``PAIR_DOT_ROWS``).
+
+These fixed limits are the fallback routing: by default the CPU worker times the kernel against the other
+implementations per layer shape and batch size at start-up (linear_tuning.py) and calls ``run``, which has no
+row limit, where it measured fastest.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@
 #include <cstring>
 #include <vector>
 
+#ifndef KC_PREFETCH_LOCALITY  // 0: prefetchnta
+#define KC_PREFETCH_LOCALITY 0
+#endif
 #ifndef KC_PREFETCH_TILES
 #define KC_PREFETCH_TILES 2
 #endif
@@ -177,7 +180,7 @@ void tile(const Args& a, const typename L::Weight* wr, int64_t m0, int64_t n0) {
   int64_t k = 0;
   for (; k + S * KU <= K; k += S * KU) {
     if (k % kLine < S * KU) {
-      for (int r = 0; r < NR; ++r) __builtin_prefetch(wr + r * K + k + ahead, 0, 0);
+      for (int r = 0; r < NR; ++r) __builtin_prefetch(wr + r * K + k + ahead, 0, KC_PREFETCH_LOCALITY);
     }
     for (int u = 0; u < KU; ++u) {
       decltype(L::load_w(wr)) wv[NR];
