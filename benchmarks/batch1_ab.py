@@ -1,14 +1,15 @@
-"""Batch-1 decode speed of the CPU linears, A/B in one process: torch/oneDNN vs the native small-M kernel.
+"""Batch-1 decode speed of the CPU linears' routing, A/B in one process: tuned at start-up vs the fixed limits.
 
-    python benchmarks/batch1_ab.py --threads 1 --num-runs 5
-    python benchmarks/batch1_ab.py --configs bfloat16,bfloat16+int8 --threads 2
+    python benchmarks/batch1_ab.py --threads 2 --num-runs 5
+    python benchmarks/batch1_ab.py --configs bfloat16,bfloat16+int8 --prompt-len 8
 
-One in-process engine per config (Llama-125M-shaped random checkpoint), all alive at once; every repeat runs
-each (config, kernel) pair once, round-robin, so machine load hits them alike. One request of 128
-(``--prompt-len``) prompt + 128 generated tokens (greedy, ignore_eos); tok/s = generated tokens over the
-request's time (prefill included, as the llama.cpp comparison counts it). Prints medians and ratios, by wall time and by this
-process's CPU time: with ``--threads 1`` the CPU-time figure is what a share of a loaded machine cannot
-distort (memory-bandwidth contention still can).
+One in-process engine per (config, routing) (Llama-125M-shaped random checkpoint), all alive at once. "tuned"
+is the default (builtin_plugins/cpu/linear_tuning.py times every implementation per layer shape and batch
+size when the worker loads the model); "fixed" builds its engine with that step skipped, so the linears route
+by the row limits of small_gemm.py. Every repeat runs each engine once, round-robin, so machine load hits them
+alike. One request of 128 (``--prompt-len``) prompt + 128 generated tokens (greedy, ignore_eos); tok/s =
+generated tokens over the request's time (prefill included, as the llama.cpp comparison counts it). Prints
+medians and ratios by wall time and by this process's CPU time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+from unittest import mock
 
 import click
 
@@ -35,51 +37,47 @@ from throughput import build_checkpoint  # noqa: E402
               help="a short prompt (8) makes the figure nearly decode-only")
 @click.option("--checkpoint-dir", type=click.Path(), default=None)
 def main(configs, threads, num_runs, max_tokens, prompt_len, checkpoint_dir):
-    from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel
     from kernelcore import LLM, SamplingParams
 
     path = build_checkpoint("llama", checkpoint_dir or tempfile.mkdtemp(prefix="kc-b1ab-"))
     engines = {}
     for config in configs.split(","):
         dtype, _, quantization = config.partition("+")
-        engines[config] = LLM(path, dtype=dtype, quantization=quantization or None, max_model_len=1024,
-                              kv_cache_memory=64 << 20, max_num_seqs=8, num_threads=threads)
-    kernel = load_small_gemm_kernel()
-    native_rows = dict(kernel.max_rows_by_dtype) if kernel is not None else {}
-    modes = {"torch": 0, "native": 1} if kernel is not None else {"torch": 0}
+        for routing in ("tuned", "fixed"):
+            skip = mock.patch("builtin_plugins.cpu.worker.tune_linears") if routing == "fixed" else mock.MagicMock()
+            with skip:
+                engines[(config, routing)] = LLM(path, dtype=dtype, quantization=quantization or None,
+                                                 max_model_len=1024, kv_cache_memory=64 << 20, max_num_seqs=8,
+                                                 num_threads=threads)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     prompt = {"prompt_token_ids": list(range(500, 500 + prompt_len))}
     for llm in engines.values():
-        for rows in modes.values():
-            if kernel is not None:
-                kernel.max_rows_by_dtype = {d: r * rows for d, r in native_rows.items()}
-            llm.generate([prompt], params.clone(max_tokens=8), use_tqdm=False)  # warm-up (builds, packs)
-    rates: dict[tuple[str, str], list[float]] = {(c, m): [] for c in engines for m in modes}
-    cpu_rates: dict[tuple[str, str], list[float]] = {(c, m): [] for c in engines for m in modes}
+        llm.generate([prompt], params.clone(max_tokens=8), use_tqdm=False)  # warm-up
+    rates: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
+    cpu_rates: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
     outputs: dict[tuple[str, str], list[int]] = {}
     click.echo(f"threads {threads or 'default'}, load average before {os.getloadavg()[0]:.1f}")
-    for _ in range(num_runs):
-        for config, llm in engines.items():
-            for mode, rows in modes.items():
-                if kernel is not None:
-                    kernel.max_rows_by_dtype = {d: r * rows for d, r in native_rows.items()}
-                start, cpu_start = time.perf_counter(), time.process_time()
-                out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
-                rates[(config, mode)].append(len(out.token_ids) / (time.perf_counter() - start))
-                cpu_rates[(config, mode)].append(len(out.token_ids) / (time.process_time() - cpu_start))
-                outputs[(config, mode)] = list(out.token_ids)
+    for run in range(num_runs):
+        for key, llm in engines.items():
+            # A fresh prompt per run: the prefix cache would otherwise skip the prefill from the second run on.
+            request = {"prompt_token_ids": [(t + 97 * run) % 30000 + 259 for t in prompt["prompt_token_ids"]]}
+            start, cpu_start = time.perf_counter(), time.process_time()
+            out = llm.generate([request], params, use_tqdm=False)[0].outputs[0]
+            rates[key].append(len(out.token_ids) / (time.perf_counter() - start))
+            cpu_rates[key].append(len(out.token_ids) / (time.process_time() - cpu_start))
+            outputs[key] = list(out.token_ids)
     click.echo(f"load average after {os.getloadavg()[0]:.1f}")
     for label, table in (("wall", rates), ("cpu-time", cpu_rates)):
         medians = {key: statistics.median(values) for key, values in table.items()}
-        for (config, mode), rate in medians.items():
-            same = outputs[(config, mode)] == outputs[(config, "torch")]
-            click.echo(f"[{label}] {config:16s} {mode:7s} {rate:7.1f} tok/s  "
-                       f"x{rate / medians[(config, 'torch')]:.2f} vs torch  (runs "
-                       f"{', '.join(f'{r:.1f}' for r in table[(config, mode)])}; same tokens as torch: {same})")
+        for (config, routing), rate in medians.items():
+            same = outputs[(config, routing)] == outputs[(config, "fixed")]
+            click.echo(f"[{label}] {config:16s} {routing:6s} {rate:7.1f} tok/s  "
+                       f"x{rate / medians[(config, 'fixed')]:.2f} vs fixed  (runs "
+                       f"{', '.join(f'{r:.1f}' for r in table[(config, routing)])}; same tokens as fixed: {same})")
         best_bf16 = max((v for (c, _), v in medians.items() if c == "bfloat16"), default=None)
-        for (config, mode), rate in medians.items():
+        for (config, routing), rate in medians.items():
             if best_bf16 and config.endswith("+int8"):
-                click.echo(f"[{label}] {config} {mode}: x{rate / best_bf16:.2f} vs kernelcore's best bfloat16")
+                click.echo(f"[{label}] {config} {routing}: x{rate / best_bf16:.2f} vs kernelcore's best bfloat16")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,11 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
         def native(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
             return small_gemm(x, _tensor(layer, "weight"), None, bias, owner=layer) if small_gemm else None
 
+        def native_float(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+            if small_gemm is None:
+                return None
+            return small_gemm(x, _tensor(layer, "weight"), None, bias, owner=layer, float_lanes=True)
+
         def onednn(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             return fast_linear(layer, x, _tensor(layer, "weight"), bias)
 
@@ -95,6 +100,8 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
         impls: dict[str, Impl] = {"torch": torch_linear}
         if kernel is not None:
             impls["native"] = native
+            if kernel.pair_dot and weight.dtype == torch.bfloat16:
+                impls["native-float"] = native_float
         if weight.dtype in _PACKED_DTYPES:
             impls["onednn"] = onednn
         elif weight.dtype == torch.bfloat16:
@@ -189,6 +196,12 @@ class CpuInt8LinearMethod(Int8LinearMethod):
                 return None
             return small_gemm(x, _tensor(layer, "qweight"), _tensor(layer, "weight_scale_f32"), bias, owner=layer)
 
+        def native_float(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+            if small_gemm is None:
+                return None
+            return small_gemm(x, _tensor(layer, "qweight"), _tensor(layer, "weight_scale_f32"), bias, owner=layer,
+                              float_lanes=True)
+
         def widened(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             return _int8_bf16_linear(x, _tensor(layer, "qweight"), bias, _tensor(layer, "weight_scale_f32"))
 
@@ -198,6 +211,8 @@ class CpuInt8LinearMethod(Int8LinearMethod):
         impls: dict[str, Impl] = {}
         if kernel is not None:
             impls["native"] = native
+            if kernel.pair_dot and scale.dtype == torch.bfloat16:
+                impls["native-float"] = native_float
             if scale.dtype == torch.bfloat16 and torch.bfloat16 in _PACKED_DTYPES:
                 impls["widened"] = widened  # the float32 upcast's work in half the bytes and a bf16 GEMM
             else:

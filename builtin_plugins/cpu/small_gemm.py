@@ -40,7 +40,7 @@ class SmallGemmKernel:
         self._fn = library.kc_small_gemm
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         self._fn.argtypes = [ctypes.c_int, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
-                             ctypes.c_int]
+                             ctypes.c_int, ctypes.c_int]
         self._fn.restype = ctypes.c_int
         self.pair_dot = bool(library.kc_small_gemm_features() & 1)  # compiled for AVX512-BF16
         # Read once: this runs on every decode-step linear. bfloat16/int8 weights have no fast torch path on
@@ -67,8 +67,10 @@ class SmallGemmKernel:
         return self.run(x, weight, scale, bias, owner)
 
     def run(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
-            bias: torch.Tensor | None = None, owner: object | None = None) -> torch.Tensor | None:
-        """As calling the kernel, at any number of rows (the caller measured it faster there)."""
+            bias: torch.Tensor | None = None, owner: object | None = None,
+            float_lanes: bool = False) -> torch.Tensor | None:
+        """As calling the kernel, at any number of rows (the caller measured it faster there). ``float_lanes``:
+        float32 multiplies even where bf16 pair dot products apply (bf16 activations over bf16/int8 weights)."""
         num_in = weight.shape[-1]
         rows = x.numel() // num_in if num_in else 0
         if rows == 0:
@@ -89,7 +91,7 @@ class SmallGemmKernel:
         w_code, x_code, w_ptr, s_ptr, b_ptr, num_out = args
         y = torch.empty(rows, num_out, dtype=x.dtype)
         if launch(self._fn, w_code, x_code, x2.data_ptr(), x2.stride(0), w_ptr, s_ptr, b_ptr, y.data_ptr(), num_out, rows,
-                    num_out, num_in, torch.get_num_threads()) != 0:
+                    num_out, num_in, torch.get_num_threads(), int(float_lanes)) != 0:
             raise ValueError("small gemm: the kernel refused the shapes")
         return y.view(*x.shape[:-1], num_out)
 

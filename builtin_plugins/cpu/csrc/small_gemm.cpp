@@ -305,18 +305,21 @@ extern "C" int kc_small_gemm_features() {
 #endif
 }
 
+// options bit 0: float lanes even where pair dot products apply (bfloat16 activations widened to float32 once;
+// at one row over int8 weights the widening per weight is what bounds the speed, and float lanes need fewer
+// instructions for it on some CPUs: the caller times both).
 extern "C" int kc_small_gemm(int w_code, int x_code, const void* x, int64_t x_stride, const void* w,
                              const float* scale, const void* bias, void* y, int64_t y_stride, int64_t M, int64_t N,
-                             int64_t K, int num_threads) {
+                             int64_t K, int num_threads, int options) {
   if (K % 8 != 0 || M <= 0 || N <= 0 || x_stride < K || y_stride < N || w_code < 0 || w_code > 2) return -1;
   num_threads = std::max(1, num_threads);
   Args a{x, x_stride, K, scale, bias, y, y_stride};
 #ifdef __AVX512BF16__
-  if (x_code == 1 && w_code == 1) {
+  if (x_code == 1 && w_code == 1 && !(options & 1)) {
     run<PairLanes<uint16_t>, uint16_t>(a, static_cast<const uint16_t*>(w), M, N, num_threads);
     return 0;
   }
-  if (x_code == 1 && w_code == 2) {
+  if (x_code == 1 && w_code == 2 && !(options & 1)) {
     run<PairLanes<int8_t>, uint16_t>(a, static_cast<const int8_t*>(w), M, N, num_threads);
     return 0;
   }
