@@ -4,8 +4,8 @@ from kernelcore import envs, hookimpl
 
 # 0 = the CPU platform's decode attention and small linears use torch ops instead of the kernels built with g++.
 envs.declare("KC_CPU_NATIVE_KERNELS", lambda v: v is None or envs.boolean(v), owner="cpu")
-# fp32 linears with at most this many rows (decode steps) use the native kernel (bf16/int8 weights: larger
-# batches too, see small_gemm.py); 0 = always torch/oneDNN.
+# The fixed routing (KC_CPU_TUNE_LINEARS=0): fp32 linears with at most this many rows (decode steps) use the
+# native kernel (bf16/int8 weights: larger batches too, see small_gemm.py); 0 = always torch/oneDNN.
 envs.declare("KC_CPU_SMALL_GEMM_ROWS", lambda v: 8 if v is None else int(v), owner="cpu")
 # Decode steps of at most this many sequences replay a recorded tape of kernel calls; 0 = always eager.
 envs.declare("KC_CPU_GRAPH_MAX_BATCH", lambda v: 8 if v is None else int(v), owner="cpu")
