@@ -160,3 +160,23 @@ def test_choices_are_kept_on_disk_and_a_restart_measures_nothing(tmp_path):
                           '"gone", "gone", "gone"]}')
     calls.clear()
     assert tune_linears(model(), max_rows=8, cache_dir=tmp_path) == first and calls
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_layers_tuned_in_inference_mode_still_run_outside_it(kind):
+    """Tuning runs under inference mode; what it leaves behind (reused buffers, packed weights) must not turn
+    a later call outside it into an error."""
+    g = torch.Generator().manual_seed(11)
+    layer, method, dtype = _method_layer(kind, 40, 64, g)
+    tune_linears(nn.Sequential(layer), max_rows=128)
+    for rows in (1, 70, 300):
+        x = torch.randn(rows, 64, generator=g).to(dtype)
+        for impl in method.candidates(layer).impls.values():  # the buffers each path may reuse
+            with torch.no_grad():
+                y = impl(layer, x, layer.bias)
+            assert y is None or y.shape == (rows, 40)
+        with torch.no_grad():
+            y = method.apply(layer, x, layer.bias)
+        expected, magnitude = _reference(layer, method, x)
+        relative = 1e-5 if dtype == torch.float32 else 1.6e-2
+        assert ((y.double() - expected).abs() <= relative * magnitude + 1e-5).all()

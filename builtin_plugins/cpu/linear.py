@@ -140,7 +140,8 @@ def _scratch_like(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     buffers = _scratch.__dict__.setdefault("buffers", {})
     buffer = buffers.get(dtype)
     if buffer is None or buffer.numel() < weight.numel():
-        buffer = buffers[dtype] = torch.empty(weight.numel(), dtype=dtype)
+        with torch.inference_mode(False):  # a normal tensor: written in place inside inference mode and out of it
+            buffer = buffers[dtype] = torch.empty(weight.numel(), dtype=dtype)
     return buffer[:weight.numel()].view(weight.shape)
 
 
