@@ -100,7 +100,7 @@ def tune_linears(model: nn.Module, max_rows: int = ROW_COUNTS[-1],
         measured = {key: tuple(group.winners + [group.winners[-1]] * (len(ROW_COUNTS) - len(group.winners)))
                     for key, group in groups.items() if group.winners}
         if cache is not None:
-            _write(cache, groups, measured)
+            _write(cache, measured)
     choices = {}
     for key, names in measured.items():
         group = groups[key]
@@ -217,7 +217,7 @@ def _read(cache: Path, groups: dict[tuple, _Group]) -> dict[tuple, tuple[str, ..
         return None
 
 
-def _write(cache: Path, groups: dict[tuple, _Group], measured: dict[tuple, tuple[str, ...]]) -> None:
+def _write(cache: Path, measured: dict[tuple, tuple[str, ...]]) -> None:
     try:
         cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False, suffix=".tmp") as f:
