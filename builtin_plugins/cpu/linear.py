@@ -54,6 +54,22 @@ def _tensor(layer: nn.Module, name: str) -> torch.Tensor:
     return cast(torch.Tensor, getattr(layer, name))
 
 
+def _native_variants(kernel, weight_name: str, scale_name: str | None, pair_dot: bool) -> dict[str, Impl]:
+    """The native kernel with each prefetch distance, and with float lanes where pair dot products would apply."""
+
+    def variant(float_lanes: bool, far_prefetch: bool) -> Impl:
+        def native(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+            scale = _tensor(layer, scale_name) if scale_name else None
+            return kernel.run(x, _tensor(layer, weight_name), scale, bias, owner=layer, float_lanes=float_lanes,
+                              far_prefetch=far_prefetch)
+        return native
+
+    variants = {"native": variant(False, False), "native-far": variant(False, True)}
+    if pair_dot:
+        variants.update({"native-float": variant(True, False), "native-float-far": variant(True, True)})
+    return variants
+
+
 def _small_gemm():
     from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel
 
@@ -78,18 +94,9 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
         """The ways this layer's matmul can run here, for the start-up tuning (linear_tuning.py)."""
         weight = _tensor(layer, "weight")
         kernel = getattr(self, "_kernel", None)
-        small_gemm = kernel.run if kernel is not None else None
 
         def torch_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             return F.linear(x, _tensor(layer, "weight"), bias)
-
-        def native(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-            return small_gemm(x, _tensor(layer, "weight"), None, bias, owner=layer) if small_gemm else None
-
-        def native_float(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-            if small_gemm is None:
-                return None
-            return small_gemm(x, _tensor(layer, "weight"), None, bias, owner=layer, float_lanes=True)
 
         def onednn(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             return fast_linear(layer, x, _tensor(layer, "weight"), bias)
@@ -99,9 +106,7 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
 
         impls: dict[str, Impl] = {"torch": torch_linear}
         if kernel is not None:
-            impls["native"] = native
-            if kernel.pair_dot and weight.dtype == torch.bfloat16:
-                impls["native-float"] = native_float
+            impls.update(_native_variants(kernel, "weight", None, kernel.pair_dot and weight.dtype == torch.bfloat16))
         if weight.dtype in _PACKED_DTYPES:
             impls["onednn"] = onednn
         elif weight.dtype == torch.bfloat16:
@@ -190,18 +195,6 @@ class CpuInt8LinearMethod(Int8LinearMethod):
         """The ways this layer's matmul can run here, for the start-up tuning (linear_tuning.py)."""
         qweight, scale = _tensor(layer, "qweight"), _tensor(layer, "weight_scale")
         kernel = getattr(self, "_kernel", None)
-        small_gemm = kernel.run if kernel is not None else None
-
-        def native(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-            if small_gemm is None:
-                return None
-            return small_gemm(x, _tensor(layer, "qweight"), _tensor(layer, "weight_scale_f32"), bias, owner=layer)
-
-        def native_float(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-            if small_gemm is None:
-                return None
-            return small_gemm(x, _tensor(layer, "qweight"), _tensor(layer, "weight_scale_f32"), bias, owner=layer,
-                              float_lanes=True)
 
         def widened(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             return _int8_bf16_linear(x, _tensor(layer, "qweight"), bias, _tensor(layer, "weight_scale_f32"))
@@ -211,9 +204,8 @@ class CpuInt8LinearMethod(Int8LinearMethod):
 
         impls: dict[str, Impl] = {}
         if kernel is not None:
-            impls["native"] = native
-            if kernel.pair_dot and scale.dtype == torch.bfloat16:
-                impls["native-float"] = native_float
+            impls.update(_native_variants(kernel, "qweight", "weight_scale_f32",
+                                          kernel.pair_dot and scale.dtype == torch.bfloat16))
             if scale.dtype == torch.bfloat16 and torch.bfloat16 in _PACKED_DTYPES:
                 impls["widened"] = widened  # the float32 upcast's work in half the bytes and a bf16 GEMM
             else:
