@@ -7,7 +7,7 @@ the core's linear layers hold no CPU-specific code.
 from __future__ import annotations
 
 import threading
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,9 @@ from torch import nn
 
 from builtin_plugins.cpu.linear_tuning import Candidates, Impl, run_tuned
 from kernelcore.layers.linear import Int8LinearMethod, UnquantizedLinearMethod
+
+if TYPE_CHECKING:
+    from builtin_plugins.cpu.small_gemm import SmallGemmKernel
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 _INT8_MM = hasattr(torch, "_weight_int8pack_mm")
@@ -54,7 +57,7 @@ def _tensor(layer: nn.Module, name: str) -> torch.Tensor:
     return cast(torch.Tensor, getattr(layer, name))
 
 
-def _native_variants(kernel, weight_name: str, scale_name: str | None, pair_dot: bool) -> dict[str, Impl]:
+def _native_variants(kernel: SmallGemmKernel, weight_name: str, scale_name: str | None, pair_dot: bool) -> dict[str, Impl]:
     """The native kernel with each prefetch distance, and with float lanes where pair dot products would apply."""
 
     def variant(float_lanes: bool, far_prefetch: bool) -> Impl:

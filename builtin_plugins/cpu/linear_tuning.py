@@ -21,8 +21,8 @@ import logging
 import os
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, cast
 
 import torch
