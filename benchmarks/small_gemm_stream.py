@@ -5,7 +5,8 @@ over and over, which stays in cache).
     python benchmarks/small_gemm_stream.py --weights int8 --rows 1
     python benchmarks/small_gemm_stream.py --weights bf16 --rows 1,4,16
 
-Every native kernel variant the start-up tuning may choose (float lanes, far prefetch) and the torch paths
+Every native kernel variant the start-up tuning may choose (float lanes, far prefetch, float32 one row at a
+time) and the torch paths
 for that weight dtype, interleaved per repeat; the fastest repeat of each, in ms and GB/s of weight read.
 """
 
@@ -30,11 +31,13 @@ def _impls(dtype: torch.dtype, layers, scales):
     kernel = load_small_gemm_kernel()
     impls = {}
     if kernel is not None:
-        for float_lanes in (False, True):
-            for far in (False, True):
-                name = "native" + ("-float" if float_lanes else "") + ("-far" if far else "")
-                impls[name] = lambda x, w, s, fl=float_lanes, far=far: kernel.run(x, w, s, float_lanes=fl,
-                                                                                 far_prefetch=far)
+        for float_lanes in (False, True) if dtype == torch.bfloat16 or dtype == torch.int8 else (False,):
+            for single in (False, True) if dtype == torch.float32 else (False,):
+                for far in (False, True):
+                    name = "native" + ("-float" if float_lanes else "") + ("-seq" if single else "") + \
+                        ("-far" if far else "")
+                    impls[name] = lambda x, w, s, fl=float_lanes, far=far, single=single: kernel.run(
+                        x, w, s, float_lanes=fl, far_prefetch=far, single_stream=single)
     if dtype == torch.int8:
         impls["int8pack"] = lambda x, w, s: torch._weight_int8pack_mm(x, w, s.to(x.dtype))
     else:

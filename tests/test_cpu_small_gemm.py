@@ -66,6 +66,26 @@ def test_matches_float64_reference(seed, w_dtype, x_dtype):
     assert (error <= RELATIVE[x_dtype] * magnitude + 1e-6).all(), error.max()
 
 
+@pytest.mark.parametrize("options", range(8))
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_every_option_matches_float64_reference(options, w_dtype, x_dtype):
+    """What the start-up tuning may pick (float lanes, far prefetch, float32 one row at a time) computes the
+    same product: one row (where the options change the walk), a few, and a batch of tiles."""
+    g = torch.Generator().manual_seed(options)
+    for rows in (1, 3, 13):
+        num_in, num_out = 8 * int(torch.randint(1, 120, (1,), generator=g)), int(torch.randint(1, 90, (1,), generator=g))
+        weight, scale = random_weight(num_out, num_in, w_dtype, g)
+        bias = torch.randn(num_out, generator=g).to(x_dtype)
+        x = torch.randn(rows, num_in, generator=g).to(x_dtype)
+        y = kernel.run(x, weight, scale, bias, float_lanes=bool(options & 1), far_prefetch=bool(options & 2),
+                       single_stream=bool(options & 4))
+        assert y is not None and y.dtype == x_dtype and y.shape == (rows, num_out)
+        expected, magnitude = reference(x, weight, scale, bias)
+        error = (y.double() - expected).abs()
+        assert (error <= RELATIVE[x_dtype] * magnitude + 1e-6).all(), (rows, error.max())
+
+
 def test_leading_dims_and_fallbacks():
     g = torch.Generator().manual_seed(0)
     weight, _ = random_weight(40, 64, torch.float32, g)

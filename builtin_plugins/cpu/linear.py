@@ -57,19 +57,23 @@ def _tensor(layer: nn.Module, name: str) -> torch.Tensor:
     return cast(torch.Tensor, getattr(layer, name))
 
 
-def _native_variants(kernel: SmallGemmKernel, weight_name: str, scale_name: str | None, pair_dot: bool) -> dict[str, Impl]:
-    """The native kernel with each prefetch distance, and with float lanes where pair dot products would apply."""
+def _native_variants(kernel: SmallGemmKernel, weight_name: str, scale_name: str | None, pair_dot: bool,
+                     float32_weight: bool = False) -> dict[str, Impl]:
+    """The native kernel with each prefetch distance, with float lanes where pair dot products would apply,
+    and for a float32 weight with its rows walked one at a time at one activation row (``-seq``)."""
 
-    def variant(float_lanes: bool, far_prefetch: bool) -> Impl:
+    def variant(float_lanes: bool, far_prefetch: bool, single_stream: bool = False) -> Impl:
         def native(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
             scale = _tensor(layer, scale_name) if scale_name else None
             return kernel.run(x, _tensor(layer, weight_name), scale, bias, owner=layer, float_lanes=float_lanes,
-                              far_prefetch=far_prefetch)
+                              far_prefetch=far_prefetch, single_stream=single_stream)
         return native
 
     variants = {"native": variant(False, False), "native-far": variant(False, True)}
     if pair_dot:
         variants.update({"native-float": variant(True, False), "native-float-far": variant(True, True)})
+    if float32_weight:
+        variants.update({"native-seq": variant(False, False, True), "native-seq-far": variant(False, True, True)})
     return variants
 
 
@@ -109,7 +113,8 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
 
         impls: dict[str, Impl] = {"torch": torch_linear}
         if kernel is not None:
-            impls.update(_native_variants(kernel, "weight", None, kernel.pair_dot and weight.dtype == torch.bfloat16))
+            impls.update(_native_variants(kernel, "weight", None, kernel.pair_dot and weight.dtype == torch.bfloat16,
+                                          weight.dtype == torch.float32))
         if weight.dtype in _PACKED_DTYPES:
             impls["onednn"] = onednn
         elif weight.dtype == torch.bfloat16:

@@ -68,10 +68,13 @@ class SmallGemmKernel:
 
     def run(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
             bias: torch.Tensor | None = None, owner: object | None = None,
-            float_lanes: bool = False, far_prefetch: bool = False) -> torch.Tensor | None:
+            float_lanes: bool = False, far_prefetch: bool = False,
+            single_stream: bool = False) -> torch.Tensor | None:
         """As calling the kernel, at any number of rows (the caller measured it faster there). ``float_lanes``:
         float32 multiplies even where bf16 pair dot products apply (bf16 activations over bf16/int8 weights).
-        ``far_prefetch``: weights prefetched tens of rows ahead into L2 instead of a few tiles ahead."""
+        ``far_prefetch``: weights prefetched tens of rows ahead into L2 instead of a few tiles ahead.
+        ``single_stream``: a float32 weight at one row read one weight row at a time, not four interleaved
+        (bfloat16/int8 weights always are)."""
         num_in = weight.shape[-1]
         rows = x.numel() // num_in if num_in else 0
         if rows == 0:
@@ -92,7 +95,8 @@ class SmallGemmKernel:
         w_code, x_code, w_ptr, s_ptr, b_ptr, num_out = args
         y = torch.empty(rows, num_out, dtype=x.dtype)
         if launch(self._fn, w_code, x_code, x2.data_ptr(), x2.stride(0), w_ptr, s_ptr, b_ptr, y.data_ptr(), num_out, rows,
-                    num_out, num_in, torch.get_num_threads(), int(float_lanes) | int(far_prefetch) << 1) != 0:
+                  num_out, num_in, torch.get_num_threads(),
+                  int(float_lanes) | int(far_prefetch) << 1 | int(single_stream) << 2) != 0:
             raise ValueError("small gemm: the kernel refused the shapes")
         return y.view(*x.shape[:-1], num_out)
 

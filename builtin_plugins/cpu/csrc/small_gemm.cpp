@@ -161,7 +161,8 @@ struct Args {
   const void* bias;    // [N] in the output dtype, or null
   void* y;
   int64_t y_stride;
-  bool far_prefetch;  // options bit 1
+  bool far_prefetch;   // options bit 1
+  bool single_stream;  // options bit 2
 };
 
 // MR activation rows x NR weight rows, KU-way unrolled over K (independent accumulators hide latency).
@@ -253,9 +254,10 @@ constexpr int kBatchRows = 6, kBatchCols = REGS == 32 ? 4 : 2;
 template <typename L, typename Y>
 void run(const Args& a, const typename L::Weight* w, int64_t M, int64_t N, int num_threads) {
   using W = typename L::Weight;
-  if (M == 1 && sizeof(W) < 4) {
-    // One row of bfloat16/int8 at a time, four accumulators: a single sequential stream per thread, which
-    // measured 1.4x the bandwidth of four interleaved rows for these weights (float32 is the other way round).
+  if (M == 1 && (sizeof(W) < 4 || a.single_stream)) {
+    // One weight row at a time, four accumulators: a single sequential stream per thread. For bfloat16/int8
+    // it measured 1.4x the bandwidth of four interleaved rows; for float32 it depends on the CPU (slower on
+    // an AVX2 machine, 1.09x faster on a Zen 5 EPYC), so there it is option bit 2, which the tuning times.
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t n = 0; n < N; ++n) tile<L, Y, 1, 1, 4>(a, w + n * a.K, 0, n);
     return;
@@ -318,13 +320,14 @@ extern "C" int kc_small_gemm_features() {
 
 // options bit 0: float lanes even where pair dot products apply (bfloat16 activations widened to float32 once;
 // at one row over int8 weights float lanes need fewer instructions per weight). Bit 1: the far prefetch
-// (see tile). The caller times the combinations on its CPU.
+// (see tile). Bit 2: float32 weights at one row walked one row at a time (see run). The caller times the
+// combinations on its CPU.
 extern "C" int kc_small_gemm(int w_code, int x_code, const void* x, int64_t x_stride, const void* w,
                              const float* scale, const void* bias, void* y, int64_t y_stride, int64_t M, int64_t N,
                              int64_t K, int num_threads, int options) {
   if (K % 8 != 0 || M <= 0 || N <= 0 || x_stride < K || y_stride < N || w_code < 0 || w_code > 2) return -1;
   num_threads = std::max(1, num_threads);
-  Args a{x, x_stride, K, scale, bias, y, y_stride, (options & 2) != 0};
+  Args a{x, x_stride, K, scale, bias, y, y_stride, (options & 2) != 0, (options & 4) != 0};
 #ifdef __AVX512BF16__
   if (x_code == 1 && w_code == 1 && !(options & 1)) {
     run<PairLanes<uint16_t>, uint16_t>(a, static_cast<const uint16_t*>(w), M, N, num_threads);
