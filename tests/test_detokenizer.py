@@ -102,3 +102,35 @@ def test_real_tokenizer_deltas_equal_full_decode(text):
     full = tok.decode(prompt + ids, skip_special_tokens=True)
     assert "".join(deltas) == d.output_text
     assert full.endswith(d.output_text)
+
+
+@pytest.mark.parametrize("stop", [None, ["France"]])
+def test_final_only_text_equals_the_streamed_text(stop):
+    """A final-only request without stop strings is detokenized once, when it finishes: the same text as token
+    by token; with stop strings every step is still searched (and the request stopped there)."""
+    from kernelcore.engine.tokenizer import get_tokenizer
+    from kernelcore.models.default_model import ensure_default_model
+
+    tok = get_tokenizer(ensure_default_model())
+    prompt = tok("Say:", add_special_tokens=True)["input_ids"]
+    ids = tok("Hello world, the capital of France is Paris. Ünïcödé ✓ 中文 🙂 end.", add_special_tokens=False)["input_ids"]
+    texts, aborts = {}, {}
+    for kind in ("cumulative", "final_only"):
+        proc = OutputProcessor(tok)
+        proc.add_request("r", None, prompt, SamplingParams(output_kind=kind, stop=stop))
+        seen, to_abort = [], []
+        for i, t in enumerate(ids):
+            outs, abort = proc.process_outputs([EngineCoreOutput("r", [t], finish_reason="length" if i == len(ids) - 1 else None)])
+            assert proc.new_tokens == {"r": 1}  # what the front end times tokens by, with or without an output
+            seen += outs
+            to_abort += abort
+            if not proc.has_unfinished_requests():
+                break
+        assert seen[-1].finished
+        if kind == "final_only":
+            assert len(seen) == 1
+        texts[kind], aborts[kind] = seen[-1].outputs[0].text, to_abort
+    assert texts["final_only"] == texts["cumulative"]
+    assert aborts["final_only"] == aborts["cumulative"] == ([] if stop is None else ["r"])
+    if stop:
+        assert texts["final_only"] == "Hello world, the capital of "

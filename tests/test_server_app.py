@@ -23,7 +23,7 @@ class FakeEngine:
         self.max_model_len, self.vocab_size, self.tokenizer = 64, 100, None
         self.is_dead, self.fail_after, self.aborted = False, fail_after, []
 
-    async def generate(self, request_id, prompt_token_ids, sampling_params, prompt=None):
+    async def generate(self, request_id, prompt_token_ids, sampling_params, prompt=None, output_kind="cumulative"):
         for step in range(1, sampling_params.max_tokens + 1):
             if self.fail_after is not None and step > self.fail_after:
                 raise RuntimeError("boom in the engine")

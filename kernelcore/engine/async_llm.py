@@ -122,13 +122,18 @@ class AsyncLLM:
     # -- requests ---------------------------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                       prompt: str | None = None, lora_id: int = 0) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs of one request; the last has ``finished=True``. Cancelling aborts it."""
+                       prompt: str | None = None, lora_id: int = 0,
+                       output_kind: str = "cumulative") -> AsyncIterator[RequestOutput]:
+        """Cumulative outputs of one request; the last has ``finished=True``. Cancelling aborts it.
+        ``output_kind="final_only"``: only the finished output (a caller that waits for it saves building and
+        handing out one output per step)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead_error}")
         if request_id in self.tracked:
             raise ValueError(f"request id {request_id!r} is already in use")
-        params = sampling_params.clone(output_kind="cumulative")
+        if output_kind not in ("cumulative", "final_only"):
+            raise ValueError(f"output_kind must be 'cumulative' or 'final_only', got {output_kind!r}")
+        params = sampling_params.clone(output_kind=output_kind)
         core_requests = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params,
                                                           self.eos_token_id, lora_id)
         tracked = _Tracked(asyncio.Queue(), params, len(prompt_token_ids))
@@ -244,14 +249,22 @@ class AsyncLLM:
         outputs, to_abort = self.output_processor.process_outputs(message.outputs.outputs)
         if to_abort:
             self._channels[replica].send_nowait(AbortRequests(to_abort))
+        processor = self.output_processor
+        for request_id, num_new in processor.new_tokens.items():  # final-only requests too
+            tracked = self.tracked.get(request_id)
+            if tracked is None:
+                continue
+            tracked.num_generation_tokens += num_new
+            times, steps = tracked.token_times, processor.new_steps[request_id]
+            if steps > 1 and times:  # steps the engine core merged: their latencies spread evenly
+                last = times[-1]
+                times.extend(last + (now - last) * i / steps for i in range(1, steps + 1))
+            else:
+                times.append(now)
         for output in outputs:
             tracked = self.tracked.get(output.request_id)
             if tracked is None:
                 continue
-            num_tokens = sum(len(c.token_ids) for c in output.outputs)
-            if num_tokens > tracked.num_generation_tokens:
-                tracked.token_times.append(now)
-                tracked.num_generation_tokens = num_tokens
             tracked.queue.put_nowait(output)
             if output.finished:
                 self.tracked.pop(output.request_id, None)

@@ -126,6 +126,8 @@ class EngineCore:
         errors, self.scheduler.failed = self.scheduler.failed, {}
         stats = self.scheduler.make_stats()
         stats.timestamp, stats.step_time = time.time(), time.perf_counter() - started
+        num_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
+        stats.iteration_tokens = [num_tokens] if num_tokens else []
         self.last_stats = stats
         return EngineCoreOutputs(outputs, stats, stats.timestamp, errors)
 

@@ -16,6 +16,7 @@ import msgspec
 
 from kernelcore import envs, hostproc
 from kernelcore.config import KernelConfig
+from kernelcore.engine.output_coalescer import OutputCoalescer
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.errors import WorkerDiedError
@@ -76,6 +77,7 @@ class EngineCoreLoop:
 
         self.core = EngineCore(config)
         self.channel = channel
+        self.coalescer = OutputCoalescer()
         self.is_running = True
 
     def handle(self, message: ToCore) -> None:
@@ -86,10 +88,13 @@ class EngineCoreLoop:
                     self.core.add_request(request)
                 except ValueError as exc:
                     rejected[request.request_id] = str(exc)
+                else:
+                    self.coalescer.add_request(request)
             if rejected:
                 self.channel.send(CoreRequestErrors(rejected, is_rejected=True))
         elif isinstance(message, AbortRequests):
             self.core.abort_requests(message.request_ids)
+            self.coalescer.forget(message.request_ids)
         elif isinstance(message, AddLora):
             try:
                 self.core.add_lora(message.lora_id, message.name, message.path)
@@ -121,21 +126,29 @@ class EngineCoreLoop:
             # The batch failed: fail the requests that were in it, keep serving the rest.
             logger.exception("engine step failed; failing the %d requests it held", len(running))
             self.core.abort_requests(running)
+            self.coalescer.forget(running)
             self.channel.send(CoreRequestErrors({rid: f"{type(exc).__name__}: {exc}" for rid in running}))
             return
-        errors, outputs.errors = outputs.errors, {}
-        if outputs.outputs or outputs.stats is not None:
-            self.channel.send(CoreOutputs(outputs))
+        to_send = self.coalescer.coalesce(outputs)
+        if to_send is None:
+            return
+        errors, to_send.errors = to_send.errors, {}
+        if to_send.outputs or to_send.stats is not None:
+            self.channel.send(CoreOutputs(to_send))
         if errors:  # failed alone because of their own state (e.g. an adapter that no longer loads): a client error
             self.channel.send(CoreRequestErrors(errors, is_rejected=True))
 
     def run(self) -> None:
         while self.is_running:
-            for message in self.channel.recv_available(0.0 if self.has_work() else 1.0):
+            busy = self.has_work() or self.coalescer.stats is not None
+            for message in self.channel.recv_available(0.0 if busy else 1.0):
                 self.handle(message)
             if self.is_running and self.has_work():
                 self.step()
             elif self.is_running:
+                held = self.coalescer.flush()  # fallen idle: the statistics still held go out now
+                if held is not None:
+                    self.channel.send(CoreOutputs(held))
                 check = getattr(self.core.executor, "check_health", None)
                 if check is not None:
                     check()

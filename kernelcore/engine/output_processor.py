@@ -23,6 +23,10 @@ class ChildState:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_new_tokens = 0  # since the last delta
+        # Nothing reads the text of a final-only request before it finishes unless a stop string is searched:
+        # its tokens wait here and are detokenized (the same incremental walk) at the end, off the decode steps.
+        self.defer_text = params.output_kind == "final_only" and not params.stop
+        self.undecoded: list[int] = []
 
     def make_output(self, is_delta: bool) -> CompletionOutput:
         is_finished = self.finish_reason is not None
@@ -57,6 +61,10 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.children: dict[str, ChildState] = {}
         self.parents: dict[str, ParentState] = {}
+        # What the last process_outputs call added, by parent id: tokens (all samples), and steps (the most any
+        # one sample got: more than one where the engine core merged the steps of a final-only request).
+        self.new_tokens: dict[str, int] = {}
+        self.new_steps: dict[str, int] = {}
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.parents)
@@ -98,6 +106,9 @@ class OutputProcessor:
         """Returns the RequestOutputs to hand out and the child ids to abort in the core (stop strings)."""
         touched: dict[str, ParentState] = {}
         to_abort: list[str] = []
+        new_tokens: dict[str, int] = {}
+        new_steps: dict[str, int] = {}
+        self.new_tokens, self.new_steps = new_tokens, new_steps
         for out in outputs:
             child = self.children.get(out.request_id)
             if child is None or child.finish_reason is not None:
@@ -112,6 +123,9 @@ class OutputProcessor:
                 continue
             child.token_ids.extend(out.new_token_ids)
             child.num_new_tokens += len(out.new_token_ids)
+            if out.new_token_ids:
+                new_tokens[parent.request_id] = new_tokens.get(parent.request_id, 0) + len(out.new_token_ids)
+                new_steps[parent.request_id] = max(new_steps.get(parent.request_id, 0), len(out.new_token_ids))
             if child.logprobs is not None and child.cumulative_logprob is not None and out.new_logprobs:
                 new = self._logprob_dicts(out.new_logprobs, parent.params.logprobs)
                 child.logprobs.extend(new)
@@ -119,12 +133,18 @@ class OutputProcessor:
                                                 for lp in [d[tl.token_ids[0]]])
             child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
             if child.detokenizer is not None:
+                new_ids = out.new_token_ids
+                if child.defer_text:
+                    child.undecoded.extend(new_ids)
+                    if out.finish_reason is None:
+                        continue
+                    new_ids, child.undecoded = child.undecoded, []
                 # EOS and stop ids end with "stop" and their text is dropped; so does a completed grammar,
                 # whose last token is text.
-                last = out.new_token_ids[-1] if out.new_token_ids else None
+                last = new_ids[-1] if new_ids else None
                 is_stop_token = out.finish_reason == "stop" and (
                     isinstance(out.stop_reason, int) or last == parent.eos_token_id)
-                stop_str = child.detokenizer.update(out.new_token_ids, is_stop_token)
+                stop_str = child.detokenizer.update(new_ids, is_stop_token)
                 if stop_str is not None:
                     if child.finish_reason is None:
                         to_abort.append(child.request_id)

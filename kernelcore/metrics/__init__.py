@@ -19,7 +19,8 @@ class StatLoggerBase:
         self.config = config
 
     def record(self, stats: Any) -> None:
-        """Called after every engine step with a :class:`kernelcore.metrics.stats.EngineStats`."""
+        """Called after engine steps with a :class:`kernelcore.metrics.stats.EngineStats`: one per step, or one for
+        several steps that had nothing else to send (counters summed, ``iteration_tokens`` per step)."""
 
     def record_finished(self, request: Any) -> None:
         """Called in the front end when a request finishes, with a

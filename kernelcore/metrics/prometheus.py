@@ -112,8 +112,8 @@ class PrometheusStatLogger(StatLoggerBase):
             self._lora_labels = labels
         self._lora_info.labels(*labels).set(stats.timestamp or 0)
         num_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
-        if num_tokens:
-            self.iteration_tokens_total.observe(num_tokens)
+        for step_tokens in stats.iteration_tokens or ([num_tokens] if num_tokens else []):
+            self.iteration_tokens_total.observe(step_tokens)
 
     def record_finished(self, request: FinishedRequestStats) -> None:
         reason = request.finish_reason if request.finish_reason in self.request_success else "abort"

@@ -18,5 +18,8 @@ class EngineStats:
     num_generation_tokens: int = 0  # tokens sampled this step
     num_finished: int = 0  # this step
     step_time: float = 0.0  # seconds spent in the step
+    # tokens computed by each step this report covers (the engine-core process may merge the reports of steps
+    # that had nothing to send)
+    iteration_tokens: list[int] = field(default_factory=list)
     running_lora_adapters: list[str] = field(default_factory=list)  # names of adapters with running requests
     waiting_lora_adapters: list[str] = field(default_factory=list)

@@ -54,10 +54,14 @@ class ServerShuttingDown(RuntimeError):
     """Raised into the requests still running when the shutdown deadline passes."""
 
 
-async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIterator[RequestOutput]:
-    """``engine.generate`` that aborts the request in the engine unless it finished (disconnect, error, cancel)."""
-    lora = {"lora_id": prompt.lora_id} if prompt.lora_id else {}
-    generator = engine.generate(request_id, prompt.token_ids, prompt.params, prompt=prompt.text, **lora)
+async def iterate(engine: Any, request_id: str, prompt: EnginePrompt,
+                  final_only: bool = False) -> AsyncIterator[RequestOutput]:
+    """``engine.generate`` that aborts the request in the engine unless it finished (disconnect, error, cancel).
+    ``final_only``: only the finished output is wanted (a response that is not streamed)."""
+    extra: dict[str, Any] = {"lora_id": prompt.lora_id} if prompt.lora_id else {}
+    if final_only:
+        extra["output_kind"] = "final_only"
+    generator = engine.generate(request_id, prompt.token_ids, prompt.params, prompt=prompt.text, **extra)
     is_finished = False
     try:
         async for output in generator:
@@ -72,18 +76,19 @@ async def iterate(engine: Any, request_id: str, prompt: EnginePrompt) -> AsyncIt
         await generator.aclose()
 
 
-async def merged(engine: Any, base_id: str, prompts: list[EnginePrompt]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merged(engine: Any, base_id: str, prompts: list[EnginePrompt],
+                 final_only: bool = False) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of every prompt as they come, tagged with the prompt index; cancels (and aborts) all on exit."""
     base_id = f"{base_id}-{uuid.uuid4().hex[:8]}"  # clients may reuse X-Request-Id; engine ids must not collide
     if len(prompts) == 1:
-        async for output in iterate(engine, f"{base_id}-0", prompts[0]):
+        async for output in iterate(engine, f"{base_id}-0", prompts[0], final_only):
             yield 0, output
         return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, prompt: EnginePrompt) -> None:
         try:
-            async for output in iterate(engine, f"{base_id}-{index}", prompt):
+            async for output in iterate(engine, f"{base_id}-{index}", prompt, final_only):
                 await queue.put((index, output, None))
         except Exception as exc:
             await queue.put((index, None, exc))
@@ -109,7 +114,7 @@ async def merged(engine: Any, base_id: str, prompts: list[EnginePrompt]) -> Asyn
 
 async def final_outputs(engine: Any, base_id: str, prompts: list[EnginePrompt]) -> list[RequestOutput]:
     finals: list[RequestOutput | None] = [None] * len(prompts)
-    async for index, output in merged(engine, base_id, prompts):
+    async for index, output in merged(engine, base_id, prompts, final_only=True):
         finals[index] = output
     return finals  # type: ignore[return-value]
 
