@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from builtin_plugins.cpu.graphs import launch
+from builtin_plugins.cpu.graphs import launch, replay_in_c
 from builtin_plugins.cpu.platform import read_cpuinfo
 from kernelcore import envs
 
@@ -49,6 +49,8 @@ class PagedDecodeKernel:
         self._write.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64,
                                 ctypes.c_int]
         self._write.restype = ctypes.c_int
+        replay_in_c(library, self._fn)
+        replay_in_c(library, self._write)
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
@@ -128,7 +130,8 @@ def build_library(source: Path) -> Path:
     if not compiler:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
+    headers = [header.read_bytes() for header in sorted(source.parent.glob("*.h"))]  # what it may include
+    for part in (source.read_bytes(), *headers, " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
                  _compiler_version(compiler).encode(), cpu_id().encode()):
         key.update(part)
     out_dir = Path(envs.KC_CACHE_DIR) / "cpu-kernels"

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from builtin_plugins.cpu.graphs import launch
+from builtin_plugins.cpu.graphs import launch, replay_in_c
 from builtin_plugins.cpu.native import load_native
 from kernelcore.kernels import torch_rotary_embedding
 
@@ -36,6 +36,10 @@ class PointwiseKernels:
         self.silu_and_mul.argtypes = [i32, ptr, i64, ptr, i64, i64, i64, i32]
         for fn in (self.rms_norm, self.rotary, self.silu_and_mul):
             fn.restype = ctypes.c_int
+            replay_in_c(library, fn)
+        self.run_packed = library.kc_run_packed  # a decode tape's runs of launches (graphs.py)
+        self.run_packed.argtypes = [i64, ptr, ptr, ptr, ptr]
+        self.run_packed.restype = i64
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from builtin_plugins.cpu.graphs import launch
+from builtin_plugins.cpu.graphs import launch, replay_in_c
 from builtin_plugins.cpu.native import load_native
 from kernelcore import envs
 
@@ -42,6 +42,7 @@ class SmallGemmKernel:
         self._fn.argtypes = [ctypes.c_int, ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
                              ctypes.c_int, ctypes.c_int]
         self._fn.restype = ctypes.c_int
+        replay_in_c(library, self._fn)
         self.pair_dot = bool(library.kc_small_gemm_features() & 1)  # compiled for AVX512-BF16
         # Read once: this runs on every decode-step linear. bfloat16/int8 weights have no fast torch path on
         # AVX2 (an upcast per call, or _weight_int8pack_mm), so the kernel takes their batches too, up to

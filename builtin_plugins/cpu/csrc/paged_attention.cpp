@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "packed_call.h"
+
 #ifndef KC_PREFETCH_BLOCKS  // how far ahead in a block table the decode loops prefetch (0: none)
 #define KC_PREFETCH_BLOCKS 2
 #endif
@@ -412,3 +414,6 @@ extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, co
              max_seq_len, s, num_threads);
   return 0;
 }
+
+KC_PACKED(kc_write_kv)
+KC_PACKED(kc_paged_decode)

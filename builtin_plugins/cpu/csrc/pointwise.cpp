@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "packed_call.h"
+
 namespace {
 
 inline float load(const float* p, int64_t i) { return p[i]; }
@@ -162,3 +164,23 @@ int kc_silu_and_mul(int dtype, const void* x, int64_t x_stride, void* out, int64
 }
 
 }  // extern "C"
+
+KC_PACKED(kc_rms_norm)
+KC_PACKED(kc_rotary)
+KC_PACKED(kc_silu_and_mul)
+
+// A decode step's recorded launches in order, each a *_packed entry (of any of these libraries) with its
+// words at words + offsets[i]; stops at the first nonzero status. Returns how many calls succeeded (n when
+// all did) and the failing call's status in *status.
+extern "C" int64_t kc_run_packed(int64_t n, const int64_t* fns, const int64_t* words, const int64_t* offsets,
+                                 int* status) {
+  using Packed = int (*)(const int64_t*);
+  for (int64_t i = 0; i < n; ++i) {
+    const int result = reinterpret_cast<Packed>(static_cast<intptr_t>(fns[i]))(words + offsets[i]);
+    if (result != 0) {
+      *status = result;
+      return i;
+    }
+  }
+  return n;
+}

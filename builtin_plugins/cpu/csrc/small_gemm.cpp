@@ -24,6 +24,8 @@
 #include <cstring>
 #include <vector>
 
+#include "packed_call.h"
+
 #ifndef KC_PREFETCH_LOCALITY  // 0: prefetchnta
 #define KC_PREFETCH_LOCALITY 0
 #endif
@@ -353,3 +355,5 @@ extern "C" int kc_small_gemm(int w_code, int x_code, const void* x, int64_t x_st
   return x_code == 0 ? float_lanes<float>(w_code, a, w, M, N, num_threads)
                      : float_lanes<uint16_t>(w_code, a, w, M, N, num_threads);
 }
+
+KC_PACKED(kc_small_gemm)
