@@ -14,6 +14,7 @@ Workloads (fixed seed, a Llama-125M-shaped random checkpoint with a byte-fallbac
   uniform: 32 requests x (128 prompt + 128 out), all at once
   mixed:   64 requests, prompts 32-512, outputs 16-256, 32 in flight
   batch1:  1 request, 128 + 128
+  stream1: the same request streamed (server-sent events, a token at a time: what a person chatting sees)
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def make_workload(name: str, vocab_size: int) -> tuple[list[tuple[list[int], int
         return [(tok(128), 128) for _ in range(32)], 32
     if name == "mixed":
         return [(tok(rng.randint(32, 512)), rng.randint(16, 256)) for _ in range(64)], 32
-    if name == "batch1":
+    if name in ("batch1", "stream1"):
         return [(tok(128), 128)], 1
     raise ValueError(name)
 
@@ -130,24 +131,36 @@ class Server:
         self.log.close()
 
 
-async def _one(session, kind: str, port: int, prompt: list[int], num_out: int) -> int:
+async def _one(session, kind: str, port: int, prompt: list[int], num_out: int, stream: bool = False) -> int:
     if kind == "kc":
         url, body = f"http://127.0.0.1:{port}/v1/completions", dict(
             model="bench", prompt=prompt, max_tokens=num_out, temperature=0.0, ignore_eos=True)
+        if stream:
+            body.update(stream=True, stream_options={"include_usage": True})
     else:
         url, body = f"http://127.0.0.1:{port}/completion", dict(
-            prompt=prompt, n_predict=num_out, temperature=0.0, top_k=1, ignore_eos=True, cache_prompt=False)
+            prompt=prompt, n_predict=num_out, temperature=0.0, top_k=1, ignore_eos=True, cache_prompt=False,
+            stream=stream)
     async with session.post(url, json=body) as r:
-        data = await r.json()
         if r.status != 200:
-            raise RuntimeError(f"{kind} answered {r.status}: {data}")
+            raise RuntimeError(f"{kind} answered {r.status}: {await r.text()}")
+        if stream:  # every event read as it comes; the last one with a count says how many tokens came
+            data = {}
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    event = json.loads(line[len(b"data: "):])
+                    if event.get("usage") or event.get("stop"):
+                        data = event
+        else:
+            data = await r.json()
     n = data["usage"]["completion_tokens"] if kind == "kc" else data["tokens_predicted"]
     if n != num_out:
         raise RuntimeError(f"{kind} returned {n} tokens, {num_out} requested")
     return n
 
 
-async def run_workload(kind: str, port: int, requests: list[tuple[list[int], int]], in_flight: int) -> float:
+async def run_workload(kind: str, port: int, requests: list[tuple[list[int], int]], in_flight: int,
+                       stream: bool = False) -> float:
     """Output tokens per second over the whole workload."""
     import aiohttp
 
@@ -156,7 +169,7 @@ async def run_workload(kind: str, port: int, requests: list[tuple[list[int], int
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=in_flight)) as session:
         async def go(prompt, num_out):
             async with limit:
-                return await _one(session, kind, port, prompt, num_out)
+                return await _one(session, kind, port, prompt, num_out, stream)
 
         await _one(session, kind, port, requests[0][0][:16], 4)  # warm-up
         start = time.perf_counter()
@@ -177,7 +190,7 @@ def llama_argv(binary: str, gguf: str, port: int, threads: int) -> list[str]:
 
 @click.command()
 @click.option("--precisions", default="fp32,bf16,int8", show_default=True, help="Comma-separated: fp32,bf16,int8.")
-@click.option("--workloads", default="uniform,mixed,batch1", show_default=True)
+@click.option("--workloads", default="uniform,mixed,batch1,stream1", show_default=True)
 @click.option("--num-runs", type=int, default=3, show_default=True)
 @click.option("--engines", default="kc,llama", show_default=True, help="Which servers to run (kc alone: a smoke run).")
 @click.option("--threads", type=int, default=2, show_default=True, help="Threads for both servers.")
@@ -215,7 +228,8 @@ def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llam
             for run in range(num_runs):
                 for w in names:
                     for kind in engines:  # adjacent in time: a drift in the machine's speed hits both alike
-                        results[(kind, w)].append(asyncio.run(run_workload(kind, ports[kind], *work[w])))
+                        results[(kind, w)].append(asyncio.run(run_workload(kind, ports[kind], *work[w],
+                                                                           stream=w == "stream1")))
                         click.echo(f"  run {run + 1} {precision} {kind:5s} {w:8s} {results[(kind, w)][-1]:8.1f} tok/s")
         for w in names:
             kc, ll = results.get(("kc", w), []), results.get(("llama", w), [])
