@@ -43,6 +43,12 @@ class CpuPlatform(Platform):
         registry.register("none", "builtin_plugins.cpu.linear:OneDnnLinearMethod", override=True)
         if "int8" in registry.names():
             registry.register("int8", "builtin_plugins.cpu.linear:CpuInt8LinearMethod", override=True)
+        from builtin_plugins.cpu.gguf_native import TYPES
+
+        for kind in TYPES:  # the GGUF block types the native kernels compute, where a plugin registered them
+            if f"gguf_{kind.lower()}" in registry.names():
+                registry.register(f"gguf_{kind.lower()}", "builtin_plugins.cpu.gguf_linear:CpuGGUFMethod",
+                                  override=True)
 
     @hookimpl
     def register_triton_kernel_overrides(self, kernels):

@@ -7,9 +7,12 @@ from kernelcore import hookimpl
 def register_quantization_methods(registry) -> None:
     # The portable int8 reference; platforms override it with their own int8 matmul.
     registry.register("int8", "kernelcore.layers.linear:Int8LinearMethod")
-    # GGUF checkpoints: "gguf" plus one "gguf_<type>" per tensor type it loads (F32/F16/BF16/Q8_0/Q4_0).
+    # GGUF checkpoints: "gguf" plus one "gguf_<type>" per tensor type it loads; the quantized ones compute with
+    # the stored blocks (the pure-torch reference here; platforms override them with native kernels).
+    from builtin_plugins.quantization.gguf_blocks import QUANTIZED_TYPES
+
     registry.register("gguf", "builtin_plugins.quantization.gguf:GGUFLinearMethod")
     for kind in ("f32", "f16", "bf16"):
         registry.register(f"gguf_{kind}", "builtin_plugins.quantization.gguf:GGUFFloatMethod")
-    for kind in ("q8_0", "q4_0"):
-        registry.register(f"gguf_{kind}", "builtin_plugins.quantization.gguf:GGUFInt8Method")
+    for kind in QUANTIZED_TYPES:
+        registry.register(f"gguf_{kind.lower()}", "builtin_plugins.quantization.gguf:GGUFBlocksMethod")

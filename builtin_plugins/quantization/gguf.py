@@ -1,25 +1,26 @@
-"""Linear methods for GGUF checkpoints: each layer keeps the precision its GGUF tensor was stored in.
+"""Linear methods for GGUF checkpoints: every layer computes with its weight as the file stores it.
 
-The loader hands every layer its weight dequantized to float (exactly: a Q8_0/Q4_0 value is an integer times a
-float16 block scale) and tags the layer with the GGUF types it came from (``layer.gguf_types``). ``gguf`` then
-asks the registry for the method named ``gguf_<type>`` and delegates to it, so a vendor adds a GGUF type
-(Q4_K, ...) by registering ``gguf_q4_k`` from its own ``register_quantization_methods``.
+``gguf`` (the default for a .gguf model) takes each quantized tensor as its stored blocks (``loads_gguf_blocks``:
+kernelcore/models/gguf_params.py), cuts the layer's weight into row ranges of one GGUF type each (a fused qkv
+may hold Q5_0 q/k and Q8_0 v), and hands each part to the method registered as ``gguf_<type>``. A vendor adds a
+type, or a faster kernel for one, by registering ``gguf_<type>`` from its own ``register_quantization_methods``
+(a platform with ``override=True``).
 
-Built in: float types stay float (the registry's ``none``: the platform's float matmul); Q8_0 and Q4_0 are
-repacked to the ``int8`` method's per-output-channel format (the platform's int8 matmul). For Q8_0 this
-re-rounds each row onto one scale instead of one per 32 weights (a small, measured error on top of Q8_0's);
-for Q4_0 the 16-level blocks fit the 255-level rows almost exactly, but memory is 8 bits per weight, not 4.5.
+Built in: float types use the registry's ``none`` (the platform's float matmul); every quantized type uses
+:class:`GGUFBlocksMethod`, the portable pure-torch reference (gguf_blocks.py), which platforms replace with
+native kernels. The token embedding is a GGUF layer too (``quantizes_embeddings``): rows are looked up in the
+blocks and dequantized, so a tied LM head and the embedding share one quantized copy.
 """
 
 from __future__ import annotations
 
-import logging
+from typing import cast
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.layers.linear import LinearMethodBase
-
-logger = logging.getLogger("kernelcore.quantization")
 
 
 def _registered(name: str) -> LinearMethodBase:
@@ -28,53 +29,80 @@ def _registered(name: str) -> LinearMethodBase:
     return get_quantization_registry().get(name)()
 
 
-class _Delegating(LinearMethodBase):
-    """Chooses the real method at ``process_weights_after_loading`` (the GGUF type is known only then)."""
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
 
-    inner: LinearMethodBase | None = None
 
-    def choose(self, layer: nn.Module) -> LinearMethodBase:
-        raise NotImplementedError
+class GGUFLinearMethod(LinearMethodBase):
+    """``--quantization gguf``: per row range of the layer's weight, the method of its stored type."""
+
+    loads_gguf_blocks = True
+    quantizes_embeddings = True
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        self.inner = self.choose(layer)
+        from kernelcore.models.gguf_checkpoint import method_name
+        from kernelcore.models.gguf_params import parts
+
+        self.parts = parts(cast(nn.Parameter, layer.weight))
+        if self.parts is None:  # stored in float throughout: the plain float method on the layer itself
+            self.float_method = _registered("none")
+            self.float_method.process_weights_after_loading(layer)
+            return
+        for part in self.parts:  # a tied LM head shares the embedding's parts: process each once
+            if "quant_method" not in part.__dict__:
+                part.params_dtype = getattr(layer, "params_dtype", cast(torch.Tensor, layer.weight).dtype)
+                part.__dict__["quant_method"] = _registered(method_name(part.gguf_type))
+                part.quant_method.process_weights_after_loading(part)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.parts is None:
+            return self.float_method.apply(layer, x, bias)
+        if len(self.parts) == 1:
+            part = self.parts[0]
+            return part.quant_method.apply(part, x, bias)
+        y = torch.cat([part.quant_method.apply(part, x, None) for part in self.parts], dim=-1)
+        return y if bias is None else y + bias
+
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        if self.parts is None:
+            return self.float_method.embedding(layer, ids)
+        if len(self.parts) == 1:
+            part = self.parts[0]
+            return part.quant_method.embedding(part, ids)
+        # rows stored in several types (unusual for an embedding): each part fills the ids it holds
+        out = None
+        for part in self.parts:
+            inside = (ids >= part.start) & (ids < part.stop)
+            rows = part.quant_method.embedding(part, (ids - part.start).clamp(0, part.output_size - 1))
+            rows = rows * inside.unsqueeze(-1).to(rows.dtype)
+            out = rows if out is None else out + rows
+        return cast(torch.Tensor, out)
+
+
+class GGUFFloatMethod(LinearMethodBase):
+    """F32/F16/BF16 parts: the registry's unquantized method (the platform's float matmul)."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        self.inner = _registered("none")
         self.inner.process_weights_after_loading(layer)
 
-    def apply(self, layer, x, bias):
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.inner.apply(layer, x, bias)
 
-    def __getattr__(self, name: str):  # e.g. dequantized_weight of an int8 inner method
-        inner = self.__dict__.get("inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
+class GGUFBlocksMethod(LinearMethodBase):
+    """A quantized GGUF part (``layer.qweight`` uint8 [rows, row_bytes] of ``layer.gguf_type`` blocks), computed
+    by the pure-torch reference: dequantize a few hundred rows at a time and multiply, never the whole weight."""
 
-class GGUFLinearMethod(_Delegating):
-    """``--quantization gguf`` (the default for a .gguf model): per layer, the method of its stored type."""
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from builtin_plugins.quantization.gguf_blocks import linear
 
-    def choose(self, layer: nn.Module) -> LinearMethodBase:
-        from kernelcore.models.gguf_checkpoint import method_name
+        y = linear(_flat(x), cast(torch.Tensor, layer.qweight), layer.gguf_type, bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
-        types = sorted(layer.__dict__.get("gguf_types") or ())
-        names = {method_name(kind) for kind in types}
-        if len(names) != 1:  # parts of one fused weight stored differently (or nothing recorded): keep float
-            if types:
-                logger.info("GGUF parts stored as %s share one weight: kept in float", "/".join(types))
-            return _registered("none")
-        return _registered(names.pop())
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        from builtin_plugins.quantization.gguf_blocks import dequantize
 
-
-class GGUFFloatMethod(_Delegating):
-    """F32/F16/BF16 tensors: the unquantized method (in the model dtype)."""
-
-    def choose(self, layer: nn.Module) -> LinearMethodBase:
-        return _registered("none")
-
-
-class GGUFInt8Method(_Delegating):
-    """Q8_0/Q4_0 tensors: repacked to the int8 method's per-channel format (and the platform's int8 matmul)."""
-
-    def choose(self, layer: nn.Module) -> LinearMethodBase:
-        return _registered("int8")
-
+        rows = cast(torch.Tensor, layer.qweight)[ids.reshape(-1)]
+        out = dequantize(rows, layer.gguf_type, dtype=layer.params_dtype)
+        return out.reshape(*ids.shape, out.shape[-1])

@@ -23,6 +23,9 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_end_idx = min(self.vocab_start_idx + self.num_embeddings_per_partition, num_embeddings)
         self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim), requires_grad=False)
         setattr(self.weight, "weight_loader", self.weight_loader)
+        self.params_dtype = torch.get_default_dtype()
+        method = make_linear_method()  # a method that stores embeddings its own way looks their rows up too
+        self.quant_method = method if method.quantizes_embeddings else None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         if self.tp_size == 1:
@@ -34,11 +37,16 @@ class VocabParallelEmbedding(nn.Module):
         param.data[size:].zero_()
         copy_checked(param.data[:size], loaded_weight.narrow(0, self.vocab_start_idx, size))
 
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of this rank's slice of the vocabulary."""
+        method = self.quant_method
+        return F.embedding(ids, self.weight) if method is None else method.embedding(self, ids)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(x, self.weight)
+            return self.lookup(x)
         mask = (x >= self.vocab_start_idx) & (x < self.vocab_end_idx)
-        y = F.embedding((x - self.vocab_start_idx) * mask, self.weight)
+        y = self.lookup((x - self.vocab_start_idx) * mask)
         y.mul_(mask.unsqueeze(-1).to(y.dtype))
         return get_tp_group().all_reduce(y)
 

@@ -30,10 +30,21 @@ class LinearMethodBase:
 
     Layers are built and loaded in the model dtype (``layer.weight``); ``process_weights_after_loading`` may then
     replace it (quantize, repack). Methods come from the quantization registry (``register_quantization_methods``),
-    where a platform may swap in its device's implementation."""
+    where a platform may swap in its device's implementation.
+
+    A method that sets ``quantizes_embeddings`` is given the token embeddings too, and looks rows up with
+    ``embedding``; one that sets ``loads_gguf_blocks`` receives a GGUF checkpoint's quantized tensors as their
+    stored blocks (kernelcore/models/gguf_params.py) instead of dequantized to float."""
+
+    quantizes_embeddings = False
+    loads_gguf_blocks = False
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         pass
+
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of an embedding layer's weight, [*ids.shape, dim] (only with ``quantizes_embeddings``)."""
+        return F.embedding(ids, cast(torch.Tensor, layer.weight))
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError

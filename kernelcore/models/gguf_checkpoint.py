@@ -2,10 +2,11 @@
 
 The transformers config and tokenizer come from the file's metadata and embedded vocabulary (transformers' own
 GGUF support, ``gguf_file=``); nothing is downloaded and no remote code runs. Weights stream tensor by tensor
-from the memory-mapped file, renamed to the Hugging Face names the model classes load, dequantized to float32
-(``gguf.quants``), and tagged with their GGUF type (``tensor.gguf_type``) so the ``gguf`` quantization method can
-re-encode each layer. Which GGUF types load at all is the quantization registry's business: type ``T`` needs a
-method registered as ``gguf_<t>`` (built in: F32, F16, BF16, Q8_0, Q4_0); any other is refused at start-up.
+from the memory-mapped file, renamed to the Hugging Face names the model classes load and tagged with their GGUF
+type (``tensor.gguf_type``). Float tensors come as float32; quantized ones as their stored blocks (uint8
+[rows, row_bytes], ``tensor.gguf_blocks`` set, see gguf_params.py), which the loader keeps at their size for the
+layers whose method computes with blocks. Which GGUF types load at all is the quantization registry's business:
+type ``T`` needs a method registered as ``gguf_<t>``; any other is refused at start-up.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ logger = logging.getLogger("kernelcore.models")
 QUANTIZATION = "gguf"  # the method a GGUF checkpoint gets when --quantization is not given
 # GGUF architectures whose converter permutes the rows of q/k for llama.cpp's rotary layout (undone at load)
 PERMUTED_QK = {"llama"}
+# GGUF architectures whose converter stores RMSNorm weights as (1 + w): the models here apply (1 + w) themselves
+NORM_PLUS_ONE = {"gemma", "gemma2", "gemma3"}
+FLOAT_TYPES = {"F32", "F16", "BF16"}
 
 
 class GGUFError(ValueError):
@@ -134,8 +138,22 @@ def dequantize(tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array).reshape(shape))
 
 
+def stored_blocks(tensor) -> torch.Tensor:
+    """A quantized GGUF tensor as its blocks, uint8 [rows, row_bytes] (a copy out of the read-only map), tagged
+    with ``gguf_blocks`` and its logical ``gguf_shape`` (rows, cols)."""
+    import numpy as np
+
+    shape = [int(d) for d in reversed(tensor.shape)]
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
+    setattr(raw, "gguf_blocks", True)
+    setattr(raw, "gguf_shape", (rows, shape[-1]))
+    return raw
+
+
 def iterate_weights(path: str, config) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor tagged with ``gguf_type``) for every tensor of the file."""
+    """(Hugging Face name, tensor tagged with ``gguf_type``) for every tensor of the file: float32 for float
+    types, the stored blocks (:func:`stored_blocks`) for quantized ones."""
     names = hf_names(config)
     arch = config.gguf_architecture
     size_mb = os.path.getsize(path) / 1e6
@@ -145,9 +163,15 @@ def iterate_weights(path: str, config) -> Iterator[tuple[str, torch.Tensor]]:
         if hf_name is None:
             raise GGUFError(f"GGUF tensor {tensor.name!r} of {os.path.basename(path)} maps to no parameter of "
                             f"{config.architectures[0]}")
-        weight = dequantize(tensor)
+        kind = tensor.tensor_type.name
+        weight = dequantize(tensor) if kind in FLOAT_TYPES or len(tensor.shape) < 2 else stored_blocks(tensor)
         if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in hf_name else config.num_key_value_heads
-            weight = unpermute_qk(weight, heads)
-        setattr(weight, "gguf_type", tensor.tensor_type.name)  # read by the loader's record_gguf_types
+            weight = unpermute_qk(weight, heads)  # whole rows move, so blocks move with them
+            if kind not in FLOAT_TYPES:
+                setattr(weight, "gguf_blocks", True)
+                setattr(weight, "gguf_shape", (weight.shape[0], int(tensor.shape[0])))
+        if arch in NORM_PLUS_ONE and tensor.name.endswith("norm.weight"):
+            weight = weight - 1
+        setattr(weight, "gguf_type", kind)  # read by the loader's record_gguf_types
         yield hf_name, weight

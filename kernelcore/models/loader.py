@@ -153,24 +153,6 @@ def process_weights_after_loading(model: nn.Module) -> None:
             method.process_weights_after_loading(module)
 
 
-def record_gguf_types(model: torch.nn.Module) -> None:
-    """Wrap every parameter's weight_loader so each module learns the GGUF types its weight was loaded from
-    (``module.gguf_types``: {"Q8_0"}; a fused qkv/gate_up weight collects every part's type)."""
-    for module in model.modules():
-        param = module._parameters.get("weight")
-        if param is None:
-            continue
-        inner = getattr(param, "weight_loader", default_weight_loader)
-
-        def loader(p, tensor, *args, _inner=inner, _module=module):
-            kind = getattr(tensor, "gguf_type", None)
-            if kind is not None:
-                _module.__dict__.setdefault("gguf_types", set()).add(kind)
-            return _inner(p, tensor, *args)
-
-        setattr(param, "weight_loader", loader)
-
-
 def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
     """Resolve the architecture in the registry, build it under the config and dtype, load its weights.
 
@@ -200,6 +182,8 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
             init_dummy_weights(model)
         elif is_gguf:
             from kernelcore.config_builder import load_hf_config
+
+            from kernelcore.models.gguf_params import record_gguf_types
 
             record_gguf_types(model)
             model.load_weights(gguf_checkpoint.iterate_weights(model_dir, load_hf_config(config.model)))

@@ -1,0 +1,1048 @@
+// Linear layers computed straight from GGUF (llama.cpp) quantized weights, as the file stores them: y[M, N] =
+// x[M, K] W[N, K]^T (+ bias), W given as N rows of ggml blocks. At decode sizes a linear is bound by the bytes
+// of weight it streams, so reading 4-6 bit blocks instead of a dequantized bfloat16 copy is the speed-up (and the
+// memory stays at the file's size). Built at first use by builtin_plugins/cpu/native.py, called through ctypes
+// (no torch headers; OpenMP resolves to the libgomp torch loaded).
+//
+// Two kernels:
+//  * kc_gguf_matmul: dequantize-in-register. Each thread owns groups of NR output rows; per K tile (256 values)
+//    the group's blocks are dequantized into a 4 KiB L1 buffer and meet MR activation rows in float32 FMAs.
+//    Every supported type, fp32 accumulation, activations used as given.
+//  * kc_gguf_matmul_int: llama.cpp's integer dot products. Activations are quantized once per call to int8 with
+//    one float scale per 32 values (Q8_0-like, for the 32-value block types) or per 256 (Q8_K-like, with
+//    per-16 sums for the K-quants' mins and offsets); each weight block is unpacked to bytes and multiplied
+//    with u8 x s8 dot products (AVX512-VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, or scalar), 4x the
+//    multiply-adds per instruction of float32 FMAs, at the cost of the activations' int8 rounding.
+//
+// dequantize() values equal gguf-py's numpy reference bit for bit: every product in the block formulas is
+// exact in float32 (an fp16 scale has 11 significant bits, the sub-scales and quants at most 8 + 6), so fused
+// multiply-adds and -ffast-math's reassociation round only the final value, as numpy does.
+#include <omp.h>
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "packed_call.h"
+
+namespace {
+
+// ggml's type ids (the Python side passes them).
+enum : int {
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+  IQ4_NL = 20, IQ4_XS = 23
+};
+
+template <int T> struct Traits;  // QK: values per block; BS: bytes per block
+template <> struct Traits<Q4_0> { static constexpr int QK = 32, BS = 18; };
+template <> struct Traits<Q4_1> { static constexpr int QK = 32, BS = 20; };
+template <> struct Traits<Q5_0> { static constexpr int QK = 32, BS = 22; };
+template <> struct Traits<Q5_1> { static constexpr int QK = 32, BS = 24; };
+template <> struct Traits<Q8_0> { static constexpr int QK = 32, BS = 34; };
+template <> struct Traits<Q2_K> { static constexpr int QK = 256, BS = 84; };
+template <> struct Traits<Q3_K> { static constexpr int QK = 256, BS = 110; };
+template <> struct Traits<Q4_K> { static constexpr int QK = 256, BS = 144; };
+template <> struct Traits<Q5_K> { static constexpr int QK = 256, BS = 176; };
+template <> struct Traits<Q6_K> { static constexpr int QK = 256, BS = 210; };
+template <> struct Traits<IQ4_NL> { static constexpr int QK = 32, BS = 18; };
+template <> struct Traits<IQ4_XS> { static constexpr int QK = 256, BS = 136; };
+
+constexpr int8_t KVALUES_IQ4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+inline float fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000 | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal half: normal in float32
+    int e = -1;
+    uint32_t m = man;
+    do { m <<= 1; ++e; } while (!(m & 0x400));
+    bits = sign | uint32_t(112 - e) << 23 | (m & 0x3ff) << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+inline uint16_t to_bf16(float f) {  // round to nearest even, as torch's .to(torch.bfloat16)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint32_t load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// K-quants' 12 bytes of 6-bit sub-block scales and mins (ggml's get_scale_min_k4).
+inline void scale_min_k4(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = (s[j + 8] & 0xf) | ((s[j] >> 6) << 4);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+  }
+}
+
+// One block into QK floats. Plain loops: GCC vectorises them.
+template <int T> void dequant_block(const uint8_t* b, float* __restrict y);
+
+template <> void dequant_block<Q4_0>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float((qs[j] & 0xf) - 8);
+    y[j + 16] = d * float((qs[j] >> 4) - 8);
+  }
+}
+template <> void dequant_block<Q4_1>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b), m = fp16(b + 2);
+  const uint8_t* qs = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(qs[j] & 0xf) + m;
+    y[j + 16] = d * float(qs[j] >> 4) + m;
+  }
+}
+template <> void dequant_block<Q5_0>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b);
+  const uint32_t qh = load32(b + 2);
+  const uint8_t* qs = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(int((qs[j] & 0xf) | ((qh >> j) & 1) << 4) - 16);
+    y[j + 16] = d * float(int((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+  }
+}
+template <> void dequant_block<Q5_1>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b), m = fp16(b + 2);
+  const uint32_t qh = load32(b + 4);
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float((qs[j] & 0xf) | ((qh >> j) & 1) << 4) + m;
+    y[j + 16] = d * float((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) + m;
+  }
+}
+template <> void dequant_block<Q8_0>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b);
+  const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < 32; ++j) y[j] = d * float(qs[j]);
+}
+template <> void dequant_block<IQ4_NL>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(KVALUES_IQ4[qs[j] & 0xf]);
+    y[j + 16] = d * float(KVALUES_IQ4[qs[j] >> 4]);
+  }
+}
+template <> void dequant_block<Q2_K>(const uint8_t* b, float* __restrict y) {
+  const uint8_t *sc = b, *qs = b + 16;
+  const float d = fp16(b + 80), dmin = fp16(b + 82);
+  for (int g = 0; g < 8; ++g) {  // 32 values: bits 2*(g%4) of 32 bytes qs[(g/4)*32 ...]
+    const uint8_t* q = qs + (g / 4) * 32;
+    const int shift = 2 * (g % 4);
+    for (int t = 0; t < 2; ++t) {
+      const float dl = d * float(sc[g * 2 + t] & 0xf), ml = dmin * float(sc[g * 2 + t] >> 4);
+      for (int l = 0; l < 16; ++l) y[g * 32 + t * 16 + l] = dl * float((q[t * 16 + l] >> shift) & 3) - ml;
+    }
+  }
+}
+template <> void dequant_block<Q3_K>(const uint8_t* b, float* __restrict y) {
+  const uint8_t *hmask = b, *qs = b + 32, *s = b + 96;
+  const float d = fp16(b + 108);
+  float dl[16];
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? s[i] & 0xf : s[i - 8] >> 4, high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    dl[i] = d * float((low | high << 4) - 32);
+  }
+  for (int g = 0; g < 8; ++g) {
+    const uint8_t* q = qs + (g / 4) * 32;
+    const int shift = 2 * (g % 4);
+    for (int t = 0; t < 2; ++t) {
+      for (int l = 0; l < 16; ++l) {
+        const int ll = t * 16 + l;
+        const int v = ((q[ll] >> shift) & 3) - (((hmask[ll] >> g) & 1) ? 0 : 4);
+        y[g * 32 + ll] = dl[g * 2 + t] * float(v);
+      }
+    }
+  }
+}
+template <> void dequant_block<Q4_K>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b), dmin = fp16(b + 2);
+  uint8_t sc[8], mn[8];
+  scale_min_k4(b + 4, sc, mn);
+  const uint8_t* qs = b + 16;
+  for (int c = 0; c < 4; ++c) {
+    const float d0 = d * float(sc[2 * c]), m0 = dmin * float(mn[2 * c]);
+    const float d1 = d * float(sc[2 * c + 1]), m1 = dmin * float(mn[2 * c + 1]);
+    for (int l = 0; l < 32; ++l) {
+      y[c * 64 + l] = d0 * float(qs[c * 32 + l] & 0xf) - m0;
+      y[c * 64 + 32 + l] = d1 * float(qs[c * 32 + l] >> 4) - m1;
+    }
+  }
+}
+template <> void dequant_block<Q5_K>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b), dmin = fp16(b + 2);
+  uint8_t sc[8], mn[8];
+  scale_min_k4(b + 4, sc, mn);
+  const uint8_t *qh = b + 16, *qs = b + 48;
+  for (int c = 0; c < 4; ++c) {
+    const int j0 = 2 * c, j1 = 2 * c + 1;
+    const float d0 = d * float(sc[j0]), m0 = dmin * float(mn[j0]);
+    const float d1 = d * float(sc[j1]), m1 = dmin * float(mn[j1]);
+    for (int l = 0; l < 32; ++l) {
+      y[c * 64 + l] = d0 * float((qs[c * 32 + l] & 0xf) | ((qh[l] >> j0) & 1) << 4) - m0;
+      y[c * 64 + 32 + l] = d1 * float((qs[c * 32 + l] >> 4) | ((qh[l] >> j1) & 1) << 4) - m1;
+    }
+  }
+}
+template <> void dequant_block<Q6_K>(const uint8_t* b, float* __restrict y) {
+  const uint8_t *ql = b, *qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = fp16(b + 208);
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t *l0 = ql + h * 64, *hh = qh + h * 32;
+    float* o = y + h * 128;
+    const int8_t* s = sc + h * 8;
+    for (int t = 0; t < 2; ++t) {  // 16 values per scale
+      const float d0 = d * float(s[t]), d1 = d * float(s[2 + t]), d2 = d * float(s[4 + t]), d3 = d * float(s[6 + t]);
+      for (int l = t * 16; l < t * 16 + 16; ++l) {
+        o[l] = d0 * float(int((l0[l] & 0xf) | ((hh[l] >> 0) & 3) << 4) - 32);
+        o[l + 32] = d1 * float(int((l0[l + 32] & 0xf) | ((hh[l] >> 2) & 3) << 4) - 32);
+        o[l + 64] = d2 * float(int((l0[l] >> 4) | ((hh[l] >> 4) & 3) << 4) - 32);
+        o[l + 96] = d3 * float(int((l0[l + 32] >> 4) | ((hh[l] >> 6) & 3) << 4) - 32);
+      }
+    }
+  }
+}
+template <> void dequant_block<IQ4_XS>(const uint8_t* b, float* __restrict y) {
+  const float d = fp16(b);
+  uint16_t sh;
+  std::memcpy(&sh, b + 2, 2);
+  const uint8_t *sl = b + 4, *qs = b + 8;
+  for (int j = 0; j < 8; ++j) {
+    const int ls = ((sl[j / 2] >> (4 * (j % 2))) & 0xf) | ((sh >> (2 * j)) & 3) << 4;
+    const float dl = d * float(ls - 32);
+    for (int l = 0; l < 16; ++l) {
+      y[j * 32 + l] = dl * float(KVALUES_IQ4[qs[j * 16 + l] & 0xf]);
+      y[j * 32 + 16 + l] = dl * float(KVALUES_IQ4[qs[j * 16 + l] >> 4]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// dequantize: rows of blocks into float32 / bfloat16 rows.
+
+template <int T>
+void dequantize_rows(const uint8_t* raw, int64_t raw_stride, int64_t rows, int64_t cols, int out_code, void* out,
+                     int num_threads) {
+  constexpr int QK = Traits<T>::QK, BS = Traits<T>::BS;
+  const int64_t nb = cols / QK;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = raw + r * raw_stride;
+    if (out_code == 0) {
+      float* o = static_cast<float*>(out) + r * cols;
+      for (int64_t b = 0; b < nb; ++b) dequant_block<T>(row + b * BS, o + b * QK);
+    } else {
+      uint16_t* o = static_cast<uint16_t*>(out) + r * cols;
+      alignas(64) float tmp[QK];
+      for (int64_t b = 0; b < nb; ++b) {
+        dequant_block<T>(row + b * BS, tmp);
+        for (int j = 0; j < QK; ++j) o[b * QK + j] = to_bf16(tmp[j]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dequantize-in-register matmul.
+
+#ifdef __AVX512F__
+constexpr int VW = 16, MR_MAX = 4;  // float lanes; activation rows per pass (NR * MR accumulators of 32 registers)
+#else
+constexpr int VW = 8, MR_MAX = 2;  // 16 registers
+#endif
+typedef float fvec __attribute__((vector_size(VW * 4)));
+constexpr int NR = 4;    // weight rows dequantized together (each activation load feeds NR FMAs)
+constexpr int TK = 256;  // values per tile: one K-quant block or 8 of the 32-value blocks
+
+inline fvec loadv(const float* p) {
+  fvec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline float hsum(fvec v) {
+  float s = 0;
+  for (int i = 0; i < VW; ++i) s += v[i];
+  return s;
+}
+
+template <int T>
+inline void dequant_span(const uint8_t* row, int64_t k0, int len, float* __restrict out) {
+  constexpr int QK = Traits<T>::QK, BS = Traits<T>::BS;
+  for (int k = 0; k < len; k += QK) dequant_block<T>(row + (k0 + k) / QK * BS, out + k);
+}
+
+// acc[r][m] (vacc rows `stride` fvecs apart) += buf[r][0:len] * x[m][k0:k0+len]
+template <int R, int MR>
+inline void tile_fma(const float* buf, const float* x, int64_t K, int64_t k0, int len, fvec* vacc, int64_t stride) {
+  fvec a[R][MR];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MR; ++m) a[r][m] = vacc[r * stride + m];
+  const float* xk = x + k0;
+  for (int k = 0; k < len; k += VW) {
+    fvec w[R];
+    for (int r = 0; r < R; ++r) w[r] = loadv(buf + r * TK + k);
+    for (int m = 0; m < MR; ++m) {
+      const fvec xv = loadv(xk + m * K + k);
+      for (int r = 0; r < R; ++r) a[r][m] += w[r] * xv;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MR; ++m) vacc[r * stride + m] = a[r][m];
+}
+
+template <int R>
+inline void tile_all_rows(const float* buf, const float* x, int64_t M, int64_t K, int64_t k0, int len, fvec* vacc) {
+  for (int64_t m0 = 0; m0 < M;) {
+    const int64_t left = M - m0;
+    const float* xm = x + m0 * K;
+    fvec* va = vacc + m0;
+    if (MR_MAX >= 4 && left >= 4) {
+      tile_fma<R, (MR_MAX >= 4 ? 4 : 1)>(buf, xm, K, k0, len, va, M);
+      m0 += MR_MAX >= 4 ? 4 : 1;
+    } else if (left >= 2) {
+      tile_fma<R, 2>(buf, xm, K, k0, len, va, M);
+      m0 += 2;
+    } else {
+      tile_fma<R, 1>(buf, xm, K, k0, len, va, M);
+      m0 += 1;
+    }
+  }
+}
+
+template <typename Y>
+inline void store_out(Y* y, float v);
+template <> inline void store_out<float>(float* y, float v) { *y = v; }
+template <> inline void store_out<uint16_t>(uint16_t* y, float v) { *y = to_bf16(v); }
+
+template <int T, typename Y>
+void float_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
+                  const float* bias, Y* y, int num_threads) {
+  const int64_t groups = (N + NR - 1) / NR;
+#pragma omp parallel num_threads(num_threads)
+  {
+    alignas(64) float buf[NR * TK];
+    std::vector<fvec> vacc(NR * M);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t n0 = g * NR;
+      const int rows = int(std::min<int64_t>(NR, N - n0));
+      std::fill(vacc.begin(), vacc.end(), fvec{});
+      for (int64_t k0 = 0; k0 < K; k0 += TK) {
+        const int len = int(std::min<int64_t>(TK, K - k0));
+        for (int r = 0; r < rows; ++r) dequant_span<T>(raw + (n0 + r) * raw_stride, k0, len, buf + r * TK);
+        if (rows == NR) {
+          tile_all_rows<NR>(buf, x, M, K, k0, len, vacc.data());
+        } else {
+          for (int r = 0; r < rows; ++r) tile_all_rows<1>(buf + r * TK, x, M, K, k0, len, vacc.data() + r * M);
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        const float b = bias ? bias[n0 + r] : 0.0f;
+        for (int64_t m = 0; m < M; ++m) store_out(y + m * N + n0 + r, hsum(vacc[r * M + m]) + b);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Integer dot products. 32 bytes at a time; without AVX2 the same operations as scalar loops.
+
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
+#ifdef __AVX2__
+typedef __m256i v256;
+inline v256 ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline v256 zero256() { return _mm256_setzero_si256(); }
+// 16 bytes -> 32 nibbles: low nibbles first, then high nibbles (the 32-value blocks' order).
+inline v256 nibbles16(const uint8_t* p) {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(a, 4), a), _mm256_set1_epi8(0xf));
+}
+inline v256 shr_mask(v256 v, int s, int mask) {  // per byte (v >> s) & mask, mask <= 0xff >> s
+  return _mm256_and_si256(_mm256_srli_epi16(v, s), _mm256_set1_epi8(char(mask)));
+}
+inline v256 or256(v256 a, v256 b) { return _mm256_or_si256(a, b); }
+inline v256 shl4(v256 v) { return _mm256_slli_epi16(v, 4); }  // callers keep each byte < 16
+// 32 bits -> 32 bytes, 0x10 where the bit is set (Q5's fifth bit).
+inline v256 bits_to_0x10(uint32_t bits) {
+  const v256 bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(bits)),
+                                         _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                           0x0101010101010101, 0x0000000000000000));
+  const v256 pat = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, pat), pat), _mm256_set1_epi8(0x10));
+}
+// s8 x s8 via |a| (unsigned) x sign-applied b.
+inline v256 abs8(v256 a) { return _mm256_sign_epi8(a, a); }
+inline v256 sign8(v256 b, v256 a) { return _mm256_sign_epi8(b, a); }
+// 8 lanes, each the sum of 4 consecutive u8 x s8 products.
+inline v256 dot4(v256 u, v256 s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+// acc + pair sums of u8 x s8 products (16 int16 lanes) times sc16 (int16 lanes), pairwise: 8 int32 lanes.
+inline v256 dot_scaled(v256 acc, v256 u, v256 s, v256 sc16) {
+  const v256 p = _mm256_maddubs_epi16(u, s);  // |u| <= 63, |s| <= 127: no int16 saturation
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, p, sc16);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, p, sc16);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc16));
+#endif
+}
+inline v256 madd16(v256 a, v256 b) { return _mm256_madd_epi16(a, b); }
+inline v256 lut16(v256 idx, const uint8_t* table) {  // per byte table[idx & 15], idx < 16
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table))), idx);
+}
+inline v256 set16(int v) { return _mm256_set1_epi16(int16_t(v)); }
+inline v256 set16x2(int lo, int hi) { return _mm256_set_m128i(_mm_set1_epi16(int16_t(hi)), _mm_set1_epi16(int16_t(lo))); }
+inline v256 widen8to16(const int8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline v256 sub32(v256 a, v256 b) { return _mm256_sub_epi32(a, b); }
+inline v256 add32(v256 a, v256 b) { return _mm256_add_epi32(a, b); }
+inline v256 shl32(v256 a, int s) { return _mm256_slli_epi32(a, s); }
+inline f8 tofloat(v256 v) { return (f8)_mm256_cvtepi32_ps(v); }
+#else
+struct v256 {
+  uint8_t b[32];
+};
+inline v256 ld(const void* p) { v256 v; std::memcpy(v.b, p, 32); return v; }
+inline v256 zero256() { return v256{}; }
+inline v256 nibbles16(const uint8_t* p) {
+  v256 v;
+  for (int j = 0; j < 16; ++j) { v.b[j] = p[j] & 0xf; v.b[j + 16] = p[j] >> 4; }
+  return v;
+}
+inline v256 shr_mask(v256 v, int s, int mask) { for (auto& x : v.b) x = uint8_t((x >> s) & mask); return v; }
+inline v256 or256(v256 a, v256 b) { for (int j = 0; j < 32; ++j) a.b[j] |= b.b[j]; return a; }
+inline v256 shl4(v256 v) { for (auto& x : v.b) x = uint8_t(x << 4); return v; }
+inline v256 bits_to_0x10(uint32_t bits) { v256 v; for (int j = 0; j < 32; ++j) v.b[j] = ((bits >> j) & 1) << 4; return v; }
+inline v256 abs8(v256 a) { for (auto& x : a.b) x = uint8_t(std::abs(int(int8_t(x)))); return a; }
+inline v256 sign8(v256 b, v256 a) {
+  for (int j = 0; j < 32; ++j) {
+    const int8_t s = int8_t(a.b[j]);
+    b.b[j] = s < 0 ? uint8_t(-int8_t(b.b[j])) : s == 0 ? 0 : b.b[j];
+  }
+  return b;
+}
+inline int32_t lane32(const v256& v, int i) { int32_t x; std::memcpy(&x, v.b + 4 * i, 4); return x; }
+inline int16_t lane16(const v256& v, int i) { int16_t x; std::memcpy(&x, v.b + 2 * i, 2); return x; }
+inline v256 from32(const int32_t* x) { v256 v; std::memcpy(v.b, x, 32); return v; }
+inline v256 from16(const int16_t* x) { v256 v; std::memcpy(v.b, x, 32); return v; }
+inline v256 dot4(v256 u, v256 s) {
+  int32_t r[8] = {};
+  for (int j = 0; j < 32; ++j) r[j / 4] += int(u.b[j]) * int(int8_t(s.b[j]));
+  return from32(r);
+}
+inline v256 dot_scaled(v256 acc, v256 u, v256 s, v256 sc16) {
+  int32_t r[8];
+  for (int i = 0; i < 8; ++i) {
+    int sum = 0;
+    for (int j = 0; j < 2; ++j) {
+      const int p = 2 * i + j;
+      sum += (int(u.b[2 * p]) * int8_t(s.b[2 * p]) + int(u.b[2 * p + 1]) * int8_t(s.b[2 * p + 1])) * lane16(sc16, p);
+    }
+    r[i] = lane32(acc, i) + sum;
+  }
+  return from32(r);
+}
+inline v256 madd16(v256 a, v256 b) {
+  int32_t r[8];
+  for (int i = 0; i < 8; ++i) r[i] = lane16(a, 2 * i) * lane16(b, 2 * i) + lane16(a, 2 * i + 1) * lane16(b, 2 * i + 1);
+  return from32(r);
+}
+inline v256 set16(int v) { int16_t x[16]; for (auto& e : x) e = int16_t(v); return from16(x); }
+inline v256 lut16(v256 idx, const uint8_t* table) { for (auto& e : idx.b) e = table[e & 15]; return idx; }
+inline v256 set16x2(int lo, int hi) { int16_t x[16]; for (int i = 0; i < 16; ++i) x[i] = int16_t(i < 8 ? lo : hi); return from16(x); }
+inline v256 widen8to16(const int8_t* p) { int16_t x[16]; for (int i = 0; i < 16; ++i) x[i] = p[i]; return from16(x); }
+inline v256 sub32(v256 a, v256 b) { int32_t r[8]; for (int i = 0; i < 8; ++i) r[i] = lane32(a, i) - lane32(b, i); return from32(r); }
+inline v256 add32(v256 a, v256 b) { int32_t r[8]; for (int i = 0; i < 8; ++i) r[i] = lane32(a, i) + lane32(b, i); return from32(r); }
+inline v256 shl32(v256 a, int s) { int32_t r[8]; for (int i = 0; i < 8; ++i) r[i] = lane32(a, i) << s; return from32(r); }
+inline f8 tofloat(v256 v) { i32x8 x; std::memcpy(&x, v.b, 32); return __builtin_convertvector(x, f8); }
+#endif
+
+inline float hsum8(f8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+// Quantized activations. Per 32 values (the 32-value block types): int8 values, scale d and d * sum(q).
+// Per 256 (K-quants): int8 values, scale d, and int16 sums of each 16 values.
+struct Act {
+  std::vector<int8_t> q;      // [M][K]
+  std::vector<float> d, s;    // [M][K / QA]
+  std::vector<int16_t> bsum;  // [M][K / 16] (K-quants)
+  int64_t K, nb;
+};
+
+inline int nearest(float v) { return int(v + (v >= 0 ? 0.5f : -0.5f)); }  // ties away from zero, as roundf
+
+Act quantize_act(const float* x, int64_t M, int64_t K, int qa, bool want_bsums, int num_threads) {
+  Act a;
+  a.K = K;
+  a.nb = K / qa;
+  a.q.resize(M * K);
+  a.d.resize(M * a.nb);
+  a.s.resize(M * a.nb);
+  if (want_bsums) a.bsum.resize(M * (K / 16));
+  const int64_t total = M * a.nb;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (total * qa > 65536)
+  for (int64_t i = 0; i < total; ++i) {
+    const float* v = x + i * qa;  // block i of the [M, K] contiguous rows (qa divides K)
+    float amax = 0;
+    for (int j = 0; j < qa; ++j) amax = std::max(amax, std::abs(v[j]));
+    const float d = amax / 127.0f, id = d != 0 ? 127.0f / amax : 0.0f;
+    int8_t* q = a.q.data() + i * qa;
+    int sum = 0;
+    for (int j = 0; j < qa; ++j) {
+      const int t = std::min(127, std::max(-127, nearest(v[j] * id)));
+      q[j] = int8_t(t);
+      sum += t;
+    }
+    a.d[i] = d;
+    a.s[i] = d * float(sum);
+    if (want_bsums) {
+      for (int j = 0; j < qa / 16; ++j) {
+        int bs = 0;
+        for (int l = 0; l < 16; ++l) bs += q[j * 16 + l];
+        a.bsum[i * (qa / 16) + j] = int16_t(bs);
+      }
+    }
+  }
+  return a;
+}
+
+// One 32-value weight block as 32 bytes for the u8 x s8 dot product: `u` unsigned values (offset folded into
+// `c`, which multiplies the activation block's d * sum(q)), or for Q8_0 signed values (signed = true).
+struct Blk32 {
+  v256 u;
+  float d, c;
+};
+template <int T> inline Blk32 unpack32(const uint8_t* b);
+template <> inline Blk32 unpack32<Q4_0>(const uint8_t* b) { const float d = fp16(b); return {nibbles16(b + 2), d, -8 * d}; }
+template <> inline Blk32 unpack32<Q4_1>(const uint8_t* b) { return {nibbles16(b + 4), fp16(b), fp16(b + 2)}; }
+template <> inline Blk32 unpack32<Q5_0>(const uint8_t* b) {
+  const float d = fp16(b);
+  return {or256(nibbles16(b + 6), bits_to_0x10(load32(b + 2))), d, -16 * d};
+}
+template <> inline Blk32 unpack32<Q5_1>(const uint8_t* b) {
+  return {or256(nibbles16(b + 8), bits_to_0x10(load32(b + 4))), fp16(b), fp16(b + 2)};
+}
+template <> inline Blk32 unpack32<Q8_0>(const uint8_t* b) { return {ld(b + 2), fp16(b), 0.0f}; }
+// kvalues_iq4nl + 128: unsigned bytes, the offset folded into c like Q4_0's
+constexpr uint8_t KVALUES_IQ4_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+template <> inline Blk32 unpack32<IQ4_NL>(const uint8_t* b) {
+  const float d = fp16(b);
+  return {lut16(nibbles16(b + 2), KVALUES_IQ4_U8), d, -128 * d};
+}
+
+template <int T, int MR>
+void int_row32(const uint8_t* row, const Act& a, int64_t m0, float* out, float* cbuf) {
+  constexpr int BS = Traits<T>::BS;
+  f8 acc[2][MR] = {};  // two chains: even and odd blocks (the FMA latency, not its throughput, at one row)
+  const int64_t nb = a.nb;
+  for (int64_t b = 0; b < nb; ++b) {
+    const Blk32 w = unpack32<T>(row + b * BS);
+    cbuf[b] = w.c;
+    const v256 wu = T == Q8_0 ? abs8(w.u) : w.u;
+    for (int m = 0; m < MR; ++m) {
+      const int64_t i = (m0 + m) * nb + b;
+      v256 xs = ld(a.q.data() + i * 32);
+      if (T == Q8_0) xs = sign8(xs, w.u);
+      const float scale = w.d * a.d[i];
+      acc[b & 1][m] += tofloat(dot4(wu, xs)) * scale;
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    float c = 0;
+    if (T != Q8_0) {
+      const float* s = a.s.data() + (m0 + m) * nb;
+      for (int64_t b = 0; b < nb; ++b) c += cbuf[b] * s[b];
+    }
+    out[m] = hsum8(acc[0][m] + acc[1][m]) + c;
+  }
+}
+
+template <int T, int MR>
+void int_rowK(const uint8_t* row, const Act& a, int64_t m0, float* out);
+
+template <int MR>
+void int_rowQ4K(const uint8_t* row, const Act& a, int64_t m0, float* out) {
+  f8 acc[MR] = {};
+  const int64_t nb = a.nb;
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    const uint8_t* b = row + sb * 144;
+    const float d = fp16(b), dmin = fp16(b + 2);
+    uint8_t sc[8], mn[8];
+    scale_min_k4(b + 4, sc, mn);
+    int16_t mins16[16];
+    for (int i = 0; i < 16; ++i) mins16[i] = mn[i / 2];  // one min per 32 values = two 16-value sums
+    v256 mv;
+    std::memcpy(&mv, mins16, 32);
+    v256 u[8];
+    for (int c = 0; c < 4; ++c) {
+      const v256 q = ld(b + 16 + c * 32);
+      u[2 * c] = shr_mask(q, 0, 0xf);
+      u[2 * c + 1] = shr_mask(q, 4, 0xf);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const int64_t i = (m0 + m) * nb + sb;
+      const int8_t* xq = a.q.data() + i * 256;
+      v256 isum = zero256();
+      for (int j = 0; j < 8; ++j) isum = dot_scaled(isum, u[j], ld(xq + j * 32), set16(sc[j]));
+      const v256 imin = madd16(mv, ld(a.bsum.data() + i * 16));
+      acc[m] += tofloat(isum) * (d * a.d[i]) - tofloat(imin) * (dmin * a.d[i]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) out[m] = hsum8(acc[m]);
+}
+
+template <int MR>
+void int_rowQ6K(const uint8_t* row, const Act& a, int64_t m0, float* out) {
+  f8 acc[MR] = {};
+  const int64_t nb = a.nb;
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    const uint8_t* b = row + sb * 210;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = fp16(b + 208);
+    v256 u[8];
+    for (int h = 0; h < 2; ++h) {  // values g*32 + l: ql/qh bits as in dequant_block<Q6_K>
+      const v256 l0 = ld(b + h * 64), l1 = ld(b + h * 64 + 32), hh = ld(b + 128 + h * 32);
+      u[h * 4 + 0] = or256(shr_mask(l0, 0, 0xf), shl4(shr_mask(hh, 0, 3)));
+      u[h * 4 + 1] = or256(shr_mask(l1, 0, 0xf), shl4(shr_mask(hh, 2, 3)));
+      u[h * 4 + 2] = or256(shr_mask(l0, 4, 0xf), shl4(shr_mask(hh, 4, 3)));
+      u[h * 4 + 3] = or256(shr_mask(l1, 4, 0xf), shl4(shr_mask(hh, 6, 3)));
+    }
+    const v256 sc16 = widen8to16(sc);
+    for (int m = 0; m < MR; ++m) {
+      const int64_t i = (m0 + m) * nb + sb;
+      const int8_t* xq = a.q.data() + i * 256;
+      v256 isum = zero256();
+      for (int j = 0; j < 8; ++j) isum = dot_scaled(isum, u[j], ld(xq + j * 32), set16x2(sc[2 * j], sc[2 * j + 1]));
+      // the -32 offset: 32 * sum over 16-value groups of scale * sum(x)
+      isum = sub32(isum, shl32(madd16(sc16, ld(a.bsum.data() + i * 16)), 5));
+      acc[m] += tofloat(isum) * (d * a.d[i]);
+    }
+  }
+  for (int m = 0; m < MR; ++m) out[m] = hsum8(acc[m]);
+}
+
+template <int T, int MR>
+inline void int_row(const uint8_t* row, const Act& a, int64_t m0, float* out, float* cbuf) {
+  if constexpr (T == Q4_K) {
+    int_rowQ4K<MR>(row, a, m0, out);
+  } else if constexpr (T == Q6_K) {
+    int_rowQ6K<MR>(row, a, m0, out);
+  } else {
+    int_row32<T, MR>(row, a, m0, out, cbuf);
+  }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define KC_INT512 1
+// ---------------------------------------------------------------------------------------------------------------
+// AVX-512 VNNI integer path for the 32-value block types: two blocks per 512-bit vpdpbusd.
+//
+// Every weight block becomes 32 unsigned bytes u with w = d * u + c (Q4_0: u = q, c = -8 d; Q4_1: c = m; Q5_0:
+// c = -16 d; Q5_1: c = m; Q8_0 and IQ4_NL: u = q + 128, c = -128 d), so sum_k w_k x_k over a block is
+// d * da * sum(u q) + c * da * sum(q) for the activations' block x = da * q. A weight row is unpacked once per
+// call into an L1 buffer of block pairs (64 bytes each) with its d and c per block (float32, gathered 16 blocks
+// at a time), then every group of MR activation rows walks it: per pair one vpdpbusd, one int -> float
+// conversion and one FMA by the pair's d * da (a permute of the 16-block scale vector) per activation row.
+// The activations are quantized once per call into the same pair layout: for the nibble types a pair is
+// [block b values 0-15, block b+1 values 0-15, b 16-31, b+1 16-31] (what 16 bytes of nibbles unpack to with one
+// shift), for Q8_0 the plain order. An odd last block is paired with zero activations.
+
+template <int T> struct Pack512;  // unpack(b0, b1) -> 64 bytes; NIB: the pair layout above; C: c = CM * d (or m)
+template <> struct Pack512<Q4_0> { static constexpr bool NIB = true, MIN = false; static constexpr float CM = -8; };
+template <> struct Pack512<Q4_1> { static constexpr bool NIB = true, MIN = true; static constexpr float CM = 0; };
+template <> struct Pack512<Q5_0> { static constexpr bool NIB = true, MIN = false; static constexpr float CM = -16; };
+template <> struct Pack512<Q5_1> { static constexpr bool NIB = true, MIN = true; static constexpr float CM = 0; };
+template <> struct Pack512<Q8_0> { static constexpr bool NIB = false, MIN = false; static constexpr float CM = -128; };
+template <> struct Pack512<IQ4_NL> { static constexpr bool NIB = true, MIN = false; static constexpr float CM = -128; };
+
+// Byte offset of the quants (nibbles or int8) and of Q5's 32 high bits in a block.
+template <int T> constexpr int qs_offset() { return T == Q4_0 || T == IQ4_NL ? 2 : T == Q4_1 ? 4 : T == Q5_0 ? 6 : T == Q5_1 ? 8 : 2; }
+template <int T> constexpr int qh_offset() { return T == Q5_0 ? 2 : 4; }
+
+inline __m512i nib_pair(const uint8_t* q0, const uint8_t* q1) {
+  const __m256i qq = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(q1)), 1);
+  const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(qq), _mm256_srli_epi16(qq, 4), 1);
+  return _mm512_and_si512(w, _mm512_set1_epi8(0x0f));
+}
+
+template <int T>
+inline __m512i unpack_pair(const uint8_t* b0, const uint8_t* b1) {
+  constexpr int QS = qs_offset<T>();
+  if constexpr (T == Q8_0) {
+    const __m512i w = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + QS))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + QS)), 1);
+    return _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80)));  // q + 128 as an unsigned byte
+  } else {
+    __m512i w = nib_pair(b0 + QS, b1 + QS);
+    if constexpr (T == Q5_0 || T == Q5_1) {
+      const uint64_t h0 = load32(b0 + qh_offset<T>()), h1 = load32(b1 + qh_offset<T>());
+      const __mmask64 k = (h0 & 0xffff) | (h1 & 0xffff) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
+      w = _mm512_mask_add_epi8(w, k, w, _mm512_set1_epi8(0x10));
+    }
+    if constexpr (T == IQ4_NL) {
+      const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4_U8)));
+      w = _mm512_shuffle_epi8(table, w);  // kvalues_iq4nl + 128
+    }
+    return w;
+  }
+}
+
+// Quantized activations in the pair layout: q [M][pairs * 64], d and s = d * sum(q) [M][blocks16] (zero-padded
+// to whole chunks of 16 blocks).
+struct Act512 {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  int64_t pairs, blocks16;
+};
+
+Act512 quantize_act512(const float* x, int64_t M, int64_t K, bool nibble_layout, int num_threads) {
+  Act512 a;
+  const int64_t nb = K / 32;
+  a.pairs = (nb + 1) / 2;
+  a.blocks16 = (nb + 15) / 16 * 16;
+  a.q.assign(M * a.pairs * 64, 0);
+  a.d.assign(M * a.blocks16, 0.0f);
+  a.s.assign(M * a.blocks16, 0.0f);
+  const int64_t total = M * nb;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (total > 2048)
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t m = i / nb, b = i % nb;
+    const float* v = x + m * K + b * 32;
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(v[j]));
+    const float d = amax / 127.0f, id = d != 0 ? 127.0f / amax : 0.0f;
+    int8_t* q = a.q.data() + m * a.pairs * 64 + (b / 2) * 64;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int t = std::min(127, std::max(-127, nearest(v[j] * id)));
+      sum += t;
+      // nibble layout: values 0-15 of the pair's first block at 0, second at 16; values 16-31 at 32 / 48
+      const int pos = nibble_layout ? (j < 16 ? j : j + 16) + (b & 1) * 16 : j + (b & 1) * 32;
+      q[pos] = int8_t(t);
+    }
+    a.d[m * a.blocks16 + b] = d;
+    a.s[m * a.blocks16 + b] = d * float(sum);
+  }
+  return a;
+}
+
+// Lane -> block within a chunk of 16 blocks, for pair p of the chunk.
+struct PairIndex {
+  alignas(64) int32_t idx[8][16];
+  explicit PairIndex(bool nibble_layout) {
+    for (int p = 0; p < 8; ++p)
+      for (int l = 0; l < 16; ++l) idx[p][l] = 2 * p + (nibble_layout ? (l / 4) % 2 : l / 8);
+  }
+};
+
+template <int T, int MR>
+inline void int512_rows(const int8_t* wbuf, const float* dw, const float* cw, const Act512& a, int64_t m0,
+                        const PairIndex& pi, float* out) {
+  __m512 acc[MR], accc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = accc[m] = _mm512_setzero_ps();
+  const int64_t pairs = a.pairs;
+  const int8_t* xq = a.q.data() + m0 * pairs * 64;
+  for (int64_t c = 0; c * 8 < pairs; ++c) {
+    const __m512 dwv = _mm512_load_ps(dw + c * 16), cwv = _mm512_load_ps(cw + c * 16);
+    __m512 scale[MR];
+    for (int m = 0; m < MR; ++m) {
+      const int64_t o = (m0 + m) * a.blocks16 + c * 16;
+      scale[m] = _mm512_mul_ps(dwv, _mm512_loadu_ps(a.d.data() + o));
+      accc[m] = _mm512_fmadd_ps(cwv, _mm512_loadu_ps(a.s.data() + o), accc[m]);
+    }
+    const int np = int(std::min<int64_t>(8, pairs - c * 8));
+    for (int p = 0; p < np; ++p) {
+      const int64_t pair = c * 8 + p;
+      const __m512i w = _mm512_load_si512(wbuf + pair * 64);
+      const __m512i idx = _mm512_load_si512(pi.idx[p]);
+      for (int m = 0; m < MR; ++m) {
+        const __m512i xv = _mm512_loadu_si512(xq + (m * pairs + pair) * 64);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, scale[m]), acc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], accc[m]));
+}
+
+template <int T, typename Y>
+void int512_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
+                   const float* bias, Y* y, int num_threads) {
+  constexpr int BS = Traits<T>::BS;
+  constexpr bool NIB = Pack512<T>::NIB;
+  const Act512 a = quantize_act512(x, M, K, NIB, num_threads);
+  const int64_t nb = K / 32;
+  static const PairIndex pi(NIB);
+#pragma omp parallel num_threads(num_threads)
+  {
+    struct alignas(64) Line { int8_t b[64]; };
+    std::vector<Line> wbuf(a.pairs);
+    std::vector<Line> scales(a.blocks16 / 8);  // dw then cw, 16 floats per line
+    float* dw = reinterpret_cast<float*>(scales.data());
+    float* cw = dw + a.blocks16;
+    const __m512i gather_idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                  _mm512_set1_epi32(BS));
+    float out[8];
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* row = raw + n * raw_stride;
+      for (int64_t p = 0; p < a.pairs; ++p) {
+        const uint8_t* b0 = row + 2 * p * BS;
+        const uint8_t* b1 = 2 * p + 1 < nb ? b0 + BS : b0;  // an odd last block meets zero activations
+        _mm512_store_si512(wbuf[p].b, unpack_pair<T>(b0, b1));
+      }
+      for (int64_t c = 0; c < a.blocks16; c += 16) {
+        const int64_t left = nb - c;
+        const __mmask16 k = left >= 16 ? __mmask16(0xffff) : __mmask16(left > 0 ? (1u << left) - 1 : 0);
+        // 4 bytes at each block's start: d in the low half, Q4_1 / Q5_1's m in the high half
+        const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, gather_idx, row + c * BS, 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        _mm512_store_ps(dw + c, d);
+        if constexpr (Pack512<T>::MIN) {
+          _mm512_store_ps(cw + c, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16))));
+        } else {
+          _mm512_store_ps(cw + c, _mm512_mul_ps(d, _mm512_set1_ps(Pack512<T>::CM)));
+        }
+      }
+      const int8_t* wb = wbuf.data()->b;
+      const float b = bias ? bias[n] : 0.0f;
+      for (int64_t m0 = 0; m0 < M;) {
+        const int64_t left = M - m0;
+        const int mr = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        switch (mr) {
+          case 4: int512_rows<T, 4>(wb, dw, cw, a, m0, pi, out); break;
+          case 2: int512_rows<T, 2>(wb, dw, cw, a, m0, pi, out); break;
+          default: int512_rows<T, 1>(wb, dw, cw, a, m0, pi, out); break;
+        }
+        for (int m = 0; m < mr; ++m) store_out(y + (m0 + m) * N + n, out[m] + b);
+        m0 += mr;
+      }
+    }
+  }
+}
+#endif
+
+template <int T, typename Y>
+void int_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
+                     const float* bias, Y* y, int num_threads);
+
+template <int T, typename Y>
+void int_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
+                const float* bias, Y* y, int num_threads) {
+  constexpr int QA = Traits<T>::QK;  // activation block: 32 or 256, as the weight's
+#ifdef KC_INT512
+  if constexpr (QA == 32) {
+    int512_matmul<T, Y>(x, M, K, raw, raw_stride, N, bias, y, num_threads);
+  } else {
+    int_matmul_avx2<T, Y>(x, M, K, raw, raw_stride, N, bias, y, num_threads);
+  }
+#else
+  int_matmul_avx2<T, Y>(x, M, K, raw, raw_stride, N, bias, y, num_threads);
+#endif
+}
+
+// AVX2 (or scalar) integer dot products: one weight row at a time, 32 values per instruction.
+template <int T, typename Y>
+void int_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
+                     const float* bias, Y* y, int num_threads) {
+  constexpr int QA = Traits<T>::QK;
+  const Act a = quantize_act(x, M, K, QA, QA == 256, num_threads);
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> cbuf(a.nb);
+    float out[8];
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* row = raw + n * raw_stride;
+      const float b = bias ? bias[n] : 0.0f;
+      for (int64_t m0 = 0; m0 < M;) {
+        const int64_t left = M - m0;
+        const int mr = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        switch (mr) {
+          case 8: int_row<T, 8>(row, a, m0, out, cbuf.data()); break;
+          case 4: int_row<T, 4>(row, a, m0, out, cbuf.data()); break;
+          case 2: int_row<T, 2>(row, a, m0, out, cbuf.data()); break;
+          default: int_row<T, 1>(row, a, m0, out, cbuf.data()); break;
+        }
+        for (int m = 0; m < mr; ++m) store_out(y + (m0 + m) * N + n, out[m] + b);
+        m0 += mr;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+template <template <int> class F, typename... A>
+int dispatch_all(int type, A&&... args) {
+  switch (type) {
+    case Q4_0: F<Q4_0>::run(args...); return 0;
+    case Q4_1: F<Q4_1>::run(args...); return 0;
+    case Q5_0: F<Q5_0>::run(args...); return 0;
+    case Q5_1: F<Q5_1>::run(args...); return 0;
+    case Q8_0: F<Q8_0>::run(args...); return 0;
+    case Q2_K: F<Q2_K>::run(args...); return 0;
+    case Q3_K: F<Q3_K>::run(args...); return 0;
+    case Q4_K: F<Q4_K>::run(args...); return 0;
+    case Q5_K: F<Q5_K>::run(args...); return 0;
+    case Q6_K: F<Q6_K>::run(args...); return 0;
+    case IQ4_NL: F<IQ4_NL>::run(args...); return 0;
+    case IQ4_XS: F<IQ4_XS>::run(args...); return 0;
+    default: return -1;
+  }
+}
+
+int block_values(int type) {
+  switch (type) {
+    case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K: case IQ4_XS: return 256;
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case IQ4_NL: return 32;
+    default: return 0;
+  }
+}
+
+bool int_dot_type(int type) {
+  return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == IQ4_NL ||
+         type == Q4_K || type == Q6_K;
+}
+
+template <int T> struct Dequant {
+  static void run(const uint8_t* raw, int64_t raw_stride, int64_t rows, int64_t cols, int out_code, void* out,
+                  int nt) {
+    dequantize_rows<T>(raw, raw_stride, rows, cols, out_code, out, nt);
+  }
+};
+
+template <int T> struct FloatMM {
+  static void run(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t rs, int64_t N, const float* bias,
+                  int y_code, void* y, int nt) {
+    if (y_code == 0) float_matmul<T, float>(x, M, K, raw, rs, N, bias, static_cast<float*>(y), nt);
+    else float_matmul<T, uint16_t>(x, M, K, raw, rs, N, bias, static_cast<uint16_t*>(y), nt);
+  }
+};
+
+template <int T> struct IntMM {
+  static void run(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t rs, int64_t N, const float* bias,
+                  int y_code, void* y, int nt) {
+    if constexpr (T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1 || T == Q8_0 || T == IQ4_NL || T == Q4_K ||
+                  T == Q6_K) {
+      if (y_code == 0) int_matmul<T, float>(x, M, K, raw, rs, N, bias, static_cast<float*>(y), nt);
+      else int_matmul<T, uint16_t>(x, M, K, raw, rs, N, bias, static_cast<uint16_t*>(y), nt);
+    }
+  }
+};
+
+// Activations as contiguous float32 rows (x_code 1: bfloat16 widened once per call).
+const float* float_rows(int x_code, const void* x, int64_t x_stride, int64_t M, int64_t K, std::vector<float>& tmp) {
+  if (x_code == 0 && x_stride == K) return static_cast<const float*>(x);
+  tmp.resize(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) {
+      tmp[m * K + k] = x_code == 0 ? static_cast<const float*>(x)[m * x_stride + k]
+                                   : from_bf16(static_cast<const uint16_t*>(x)[m * x_stride + k]);
+    }
+  }
+  return tmp.data();
+}
+
+int matmul_common(bool int_dot, int type, int x_code, const void* x, int64_t x_stride, const uint8_t* raw,
+                  int64_t raw_stride, const float* bias, void* y, int64_t M, int64_t N, int64_t K, int num_threads) {
+  const int qk = block_values(type);
+  if (qk == 0 || (int_dot && !int_dot_type(type)) || K <= 0 || K % qk != 0 || M <= 0 || N <= 0 || x_stride < K ||
+      x_code < 0 || x_code > 1)
+    return -1;
+  std::vector<float> tmp;
+  const float* xf = float_rows(x_code, x, x_stride, M, K, tmp);
+  num_threads = std::max(1, num_threads);
+  return int_dot ? dispatch_all<IntMM>(type, xf, M, K, raw, raw_stride, N, bias, x_code, y, num_threads)
+                 : dispatch_all<FloatMM>(type, xf, M, K, raw, raw_stride, N, bias, x_code, y, num_threads);
+}
+
+}  // namespace
+
+// Bit 0: the integer dot products use VNNI (vpdpbusd); bit 1: AVX2 (vpmaddubsw); neither: scalar loops.
+extern "C" int kc_gguf_features() {
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+  return 3;
+#elif defined(__AVX2__)
+  return 2;
+#else
+  return 0;
+#endif
+}
+
+// raw: `rows` rows of ggml blocks, raw_stride bytes apart; cols values per row -> out [rows, cols] contiguous,
+// float32 (out_code 0) or bfloat16 (1).
+extern "C" int kc_gguf_dequantize(int type, const uint8_t* raw, int64_t raw_stride, int64_t rows, int64_t cols,
+                                  int out_code, void* out, int num_threads) {
+  const int qk = block_values(type);
+  if (qk == 0 || cols % qk != 0 || rows < 0 || out_code < 0 || out_code > 1) return -1;
+  return dispatch_all<Dequant>(type, raw, raw_stride, rows, cols, out_code, out, std::max(1, num_threads));
+}
+
+// y [M, N] (contiguous, x's dtype) = x [M, K] (rows x_stride elements apart; float32 0 / bfloat16 1) times the
+// [N, K] weight of ggml blocks (rows raw_stride bytes apart) transposed, + bias (float32 [N] or null).
+extern "C" int kc_gguf_matmul(int type, int x_code, const void* x, int64_t x_stride, const uint8_t* raw,
+                              int64_t raw_stride, const float* bias, void* y, int64_t M, int64_t N, int64_t K,
+                              int num_threads) {
+  return matmul_common(false, type, x_code, x, x_stride, raw, raw_stride, bias, y, M, N, K, num_threads);
+}
+
+extern "C" int kc_gguf_matmul_int(int type, int x_code, const void* x, int64_t x_stride, const uint8_t* raw,
+                                  int64_t raw_stride, const float* bias, void* y, int64_t M, int64_t N, int64_t K,
+                                  int num_threads) {
+  return matmul_common(true, type, x_code, x, x_stride, raw, raw_stride, bias, y, M, N, K, num_threads);
+}
+
+KC_PACKED(kc_gguf_dequantize)
+KC_PACKED(kc_gguf_matmul)
+KC_PACKED(kc_gguf_matmul_int)
