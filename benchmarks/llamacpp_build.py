@@ -40,18 +40,19 @@ def vendored_source(version: str = DEFAULT_VERSION) -> str:
     return src
 
 
-def build_server(version: str = DEFAULT_VERSION, jobs: int | None = None) -> str:
-    """Path of a ``llama-server`` binary built natively (-DGGML_NATIVE=ON), CPU only, nothing fetched at build time."""
+def build_server(version: str = DEFAULT_VERSION, jobs: int | None = None, tool: str = "llama-server") -> str:
+    """Path of a ``llama-server`` binary (or another of its tools: ``llama-perplexity``) built natively
+    (-DGGML_NATIVE=ON), CPU only, nothing fetched at build time."""
     src = vendored_source(version)
     build = os.path.join(cache_dir(), f"build-{version}")
-    binary = os.path.join(build, "bin", "llama-server")
+    binary = os.path.join(build, "bin", tool)
     if os.access(binary, os.X_OK):
         return binary
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
              "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF",
              "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"]
     subprocess.run(["cmake", "-S", src, "-B", build, *flags], check=True)
-    subprocess.run(["cmake", "--build", build, "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)],
+    subprocess.run(["cmake", "--build", build, "--target", tool, "-j", str(jobs or os.cpu_count() or 1)],
                    check=True)
     return binary
 
@@ -70,4 +71,5 @@ def convert(checkpoint: str, outtype: str, version: str = DEFAULT_VERSION) -> st
 
 
 if __name__ == "__main__":
-    print(build_server(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_VERSION))
+    for name in sys.argv[1:] or ["llama-server"]:  # tool names: llama-server, llama-perplexity
+        print(build_server(tool=name))

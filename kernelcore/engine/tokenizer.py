@@ -82,8 +82,9 @@ def try_get_tokenizer(path: str | None, required: bool = False):
     if path is None:  # a config not built by build_config (which always sets model.model)
         return None
     import kernelcore.models.gguf_checkpoint as gguf_checkpoint
+    from kernelcore.models import gguf_metadata
 
-    if gguf_checkpoint.is_gguf(path) and "tokenizer.ggml.model" not in gguf_checkpoint.reader(path).fields:
+    if gguf_checkpoint.is_gguf(path) and not gguf_metadata.has_vocabulary(path):
         if required:
             raise TokenizerError(f"{path} embeds no vocabulary: pass --tokenizer DIR (Hugging Face tokenizer files), "
                                  "or --skip-tokenizer-init to serve token-id prompts only.")
@@ -113,9 +114,21 @@ def try_get_tokenizer(path: str | None, required: bool = False):
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TokenizerError(f"cannot load the tokenizer of {path}: found {', '.join(found) or 'no files'}.{missing} "
                              f"transformers said: {reason}") from exc
-    # transformers builds a tokenizer of special tokens only from a bare tokenizer_config.json: refuse it too.
-    special = set(getattr(tokenizer, "all_special_ids", None) or [])
-    if not has_vocab or not set(tokenizer("Hello world", add_special_tokens=False)["input_ids"]) - special:
+    # transformers builds a tokenizer of special tokens only from a bare tokenizer_config.json: refuse it too. Only
+    # that: a real vocabulary need not encode any given probe (a word-level one maps English words to its unknown
+    # token).
+    if not has_vocab or not regular_vocab_size(tokenizer):
         raise TokenizerError(f"cannot load the tokenizer of {path}: found {', '.join(found)}, but the tokenizer it "
-                             f"builds encodes no text.{missing}")
+                             f"builds encodes no text: its vocabulary is special tokens only.{missing}")
     return tokenizer
+
+
+def regular_vocab_size(tokenizer) -> int:
+    """How many of the tokenizer's tokens are neither special nor added (the vocabulary proper)."""
+    try:
+        vocab = set(tokenizer.get_vocab())
+    except NotImplementedError:  # a tokenizer class that cannot list its vocabulary: count it
+        return len(tokenizer)
+    special = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    added = set(getattr(tokenizer, "get_added_vocab", dict)())
+    return len(vocab - special - added)

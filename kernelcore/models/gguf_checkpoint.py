@@ -11,12 +11,13 @@ type ``T`` needs a method registered as ``gguf_<t>``; any other is refused at st
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Iterator
 
 import torch
+
+from kernelcore.models import gguf_metadata
 
 logger = logging.getLogger("kernelcore.models")
 
@@ -41,23 +42,16 @@ def method_name(tensor_type: str) -> str:
     return f"gguf_{tensor_type.lower()}"
 
 
-@functools.lru_cache(maxsize=4)
-def reader(path: str):
-    import gguf
-
-    return gguf.GGUFReader(path, "r")
-
-
 def architecture(path: str) -> str:
-    field = reader(path).fields.get("general.architecture")
-    if field is None:
+    arch = gguf_metadata.architecture(path)
+    if arch is None:
         raise GGUFError(f"{path} has no general.architecture: not a model GGUF file")
-    return field.contents()
+    return arch
 
 
 def tensor_types(path: str) -> dict[str, str]:
     """GGUF tensor name -> its type's name ("F32", "Q8_0", ...)."""
-    return {t.name: t.tensor_type.name for t in reader(path).tensors}
+    return {t.name: t.type_name for t in gguf_metadata.tensors(path)}
 
 
 def check_tensor_types(path: str, registered: list[str]) -> None:
@@ -75,26 +69,26 @@ def hf_config(path: str):
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    try:
-        config = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                            trust_remote_code=False)
-    except ValueError as exc:  # transformers: "GGUF model with architecture X is not supported yet."
-        raise GGUFError(f"cannot read the config of {path}: {exc}") from None
+    gguf_arch = architecture(path)
+    directory, error = gguf_metadata.config_dir(path)
+    if error is not None:
+        raise GGUFError(f"cannot read the config of {path}: {error}")
+    config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
     if not getattr(config, "architectures", None):
         arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
         if arch is None:
             raise GGUFError(f"{path}: no causal-LM class for GGUF model type {config.model_type!r}")
         config.architectures = [arch]
-    config.gguf_architecture = architecture(path)
+    config.gguf_architecture = gguf_arch
     return config
 
 
 def tokenizer(path: str):
-    """transformers' tokenizer built from the file's embedded vocabulary."""
+    """transformers' tokenizer built from the file's embedded vocabulary (None when it embeds none)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                         trust_remote_code=False)
+    directory = gguf_metadata.tokenizer_dir(path)
+    return None if directory is None else AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
 
 
 def hf_names(config) -> dict[str, str]:
@@ -125,29 +119,42 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
             .reshape(weight.shape))
 
 
-def dequantize(tensor) -> torch.Tensor:
+def _data(path: str, info: gguf_metadata.TensorInfo):
+    import numpy as np
+
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.nbytes,))
+
+
+def dequantize(path: str, info: gguf_metadata.TensorInfo) -> torch.Tensor:
     """A GGUF tensor as float32 in PyTorch's layout (rows = outer dimension)."""
     import gguf
     import numpy as np
 
-    if tensor.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-        array = np.array(tensor.data, dtype=np.float32)  # a copy: the memory map is read-only
+    data = _data(path, info)
+    if info.type_name in ("F32", "F16"):
+        array = np.array(data.view(np.float32 if info.type_name == "F32" else np.float16), dtype=np.float32)
     else:
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-    shape = [int(d) for d in reversed(tensor.shape)]
-    return torch.from_numpy(np.ascontiguousarray(array).reshape(shape))
+        array = gguf.quants.dequantize(data.reshape(-1, info.nbytes // max(1, _rows(info))),
+                                       gguf.GGMLQuantizationType[info.type_name])
+    return torch.from_numpy(np.ascontiguousarray(array).reshape(info.shape))
 
 
-def stored_blocks(tensor) -> torch.Tensor:
+def _rows(info: gguf_metadata.TensorInfo) -> int:
+    rows = 1
+    for d in info.shape[:-1]:
+        rows *= d
+    return rows
+
+
+def stored_blocks(path: str, info: gguf_metadata.TensorInfo) -> torch.Tensor:
     """A quantized GGUF tensor as its blocks, uint8 [rows, row_bytes] (a copy out of the read-only map), tagged
     with ``gguf_blocks`` and its logical ``gguf_shape`` (rows, cols)."""
     import numpy as np
 
-    shape = [int(d) for d in reversed(tensor.shape)]
-    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
+    rows = _rows(info)
+    raw = torch.from_numpy(np.array(_data(path, info)).reshape(rows, -1))
     setattr(raw, "gguf_blocks", True)
-    setattr(raw, "gguf_shape", (rows, shape[-1]))
+    setattr(raw, "gguf_shape", (rows, info.shape[-1]))
     return raw
 
 
@@ -158,19 +165,20 @@ def iterate_weights(path: str, config) -> Iterator[tuple[str, torch.Tensor]]:
     arch = config.gguf_architecture
     size_mb = os.path.getsize(path) / 1e6
     logger.info("Loading weights: 1 GGUF file, %.1f MB, from %s", size_mb, path)
-    for tensor in reader(path).tensors:
+    for tensor in gguf_metadata.tensors(path):
         hf_name = names.get(tensor.name)
         if hf_name is None:
             raise GGUFError(f"GGUF tensor {tensor.name!r} of {os.path.basename(path)} maps to no parameter of "
                             f"{config.architectures[0]}")
-        kind = tensor.tensor_type.name
-        weight = dequantize(tensor) if kind in FLOAT_TYPES or len(tensor.shape) < 2 else stored_blocks(tensor)
+        kind = tensor.type_name
+        weight = dequantize(path, tensor) if kind in FLOAT_TYPES or len(tensor.shape) < 2 else \
+            stored_blocks(path, tensor)
         if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in hf_name else config.num_key_value_heads
             weight = unpermute_qk(weight, heads)  # whole rows move, so blocks move with them
             if kind not in FLOAT_TYPES:
                 setattr(weight, "gguf_blocks", True)
-                setattr(weight, "gguf_shape", (weight.shape[0], int(tensor.shape[0])))
+                setattr(weight, "gguf_shape", (weight.shape[0], tensor.shape[-1]))
         if arch in NORM_PLUS_ONE and tensor.name.endswith("norm.weight"):
             weight = weight - 1
         setattr(weight, "gguf_type", kind)  # read by the loader's record_gguf_types
