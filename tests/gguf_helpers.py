@@ -114,16 +114,3 @@ def add_tokenizer(path: str, vocab_size: int) -> None:
                                      decoders.Strip(" ", 1, 0)])
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                             unk_token="<unk>").save_pretrained(path)
-
-
-def int8_roundtrip(model: torch.nn.Module, skip: tuple[str, ...] = ("embed_tokens",)) -> torch.nn.Module:
-    """``model`` with every 2-D weight (but the embedding) replaced by its per-channel int8 values times their
-    scales: what kernelcore computes after repacking a Q8_0/Q4_0 layer to the int8 method."""
-    from kernelcore.layers.linear import quantize_int8_per_channel
-
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() == 2 and not any(s in name for s in skip):
-                q, scale = quantize_int8_per_channel(param.data)
-                param.copy_(q.float() * scale[:, None])
-    return model
