@@ -18,6 +18,7 @@ reference are then also scored by that protocol, so the three figures on that li
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -44,7 +45,9 @@ def greedy_prompts(tokens: list[int]) -> list[list[int]]:
     return [tokens[:8 + 9 * i] for i in range(NUM_PROMPTS)]
 
 
+@functools.lru_cache(maxsize=2)
 def reference_model(path: str):
+    """transformers on the file, float32 (cached: the tests reuse it)."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
