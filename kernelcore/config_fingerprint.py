@@ -10,14 +10,28 @@ import os
 from kernelcore.config import KernelConfig
 
 
+def _model_description(path: str) -> bytes:
+    """A checkpoint directory's config.json; a GGUF file's tensor table (names, types, shapes, offsets) and size,
+    from its parsed metadata: what two copies of one file share, without hashing gigabytes of weights."""
+    from kernelcore.models import gguf_metadata
+    from kernelcore.models.gguf_checkpoint import is_gguf
+
+    if is_gguf(path):
+        with open(os.path.join(gguf_metadata.cached_dir(path), "gguf.json"), "rb") as f:
+            return f.read() + str(os.path.getsize(path)).encode()
+    with open(os.path.join(path, "config.json"), "rb") as f:
+        return f.read()
+
+
 def fingerprint(config: KernelConfig) -> dict[str, str]:
-    model_dir = config.model.model
-    if model_dir is None:
+    model_path = config.model.model
+    if model_path is None:
         raise ValueError("config.model.model is not set (build_config sets it)")
-    with open(os.path.join(model_dir, "config.json"), "rb") as f:
-        model_hash = hashlib.sha256(f.read() + json.dumps(config.model.hf_overrides, sort_keys=True).encode())
+    model_hash = hashlib.sha256(_model_description(model_path)
+                                + json.dumps(config.model.hf_overrides, sort_keys=True).encode())
     p = config.parallel
-    return {"model config.json": model_hash.hexdigest()[:16], "architecture": str(config.model.architecture),
+    return {"model checkpoint": model_hash.hexdigest()[:16], "architecture": str(config.model.architecture),
+            "quantization": str(config.model.quantization),
             "dtype": config.model.dtype, "max_model_len": str(config.model.max_model_len),
             "tensor_parallel_size": str(p.tensor_parallel_size),
             "pipeline_parallel_size": str(p.pipeline_parallel_size),

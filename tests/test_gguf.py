@@ -215,3 +215,17 @@ def test_files_made_by_llama_cpps_converter(tmp_path, arch):
         check_exact(outputs, prompts, reference(checkpoint) if outtype == "f32" else reference(out),
                     abs_tol=1e-4 if outtype == "f32" else 5e-4)
         llm.shutdown()
+
+
+def test_the_cluster_fingerprint_of_a_gguf_file(files, tmp_path):
+    """Hosts joining one engine compare fingerprints: a GGUF file is described by its tensor table and size (a
+    copy elsewhere matches; another quantization of the same checkpoint does not)."""
+    import shutil
+
+    from kernelcore.config_builder import build_config
+    from kernelcore.config_fingerprint import fingerprint, mismatches
+
+    copy = shutil.copy(files["llama-Q8_0"], tmp_path / "copy.gguf")
+    q8, q8_copy, q4 = (fingerprint(build_config(model=str(p))) for p in (files["llama-Q8_0"], copy, files["llama-Q4_0"]))
+    assert q8 == q8_copy and q8["quantization"] == "gguf"
+    assert [m.split(" is ")[0] for m in mismatches(q8, q4, "host-b")] == ["model checkpoint"]

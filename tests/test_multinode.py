@@ -66,6 +66,16 @@ def opt_dir(tmp_path_factory):
     return make_opt_checkpoint(str(tmp_path_factory.mktemp("opt")))
 
 
+@pytest.fixture(scope="module")
+def gguf_file(llama_dir, tmp_path_factory):
+    """The Llama checkpoint as a GGUF file of several block types (a fused qkv of three)."""
+    from gguf_helpers import add_tokenizer, write_gguf
+
+    add_tokenizer(llama_dir, 320)
+    return write_gguf(llama_dir, str(tmp_path_factory.mktemp("gguf") / "model.gguf"), "Q8_0", override_types={
+        "blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q4_1", "blk.1.ffn_down.weight": "Q4_0"})
+
+
 @pytest.fixture
 def hosts():
     with netns.two_hosts() as h:
@@ -77,12 +87,13 @@ def hosts():
 
 
 
-@pytest.mark.parametrize("model,tp,pp", [("llama", 2, 1), ("opt", 2, 1),
+@pytest.mark.parametrize("model,tp,pp", [("llama", 2, 1), ("opt", 2, 1), ("gguf", 2, 1),
                                          pytest.param("llama", 1, 2, marks=pytest.mark.slow),
                                          pytest.param("opt", 2, 2, marks=pytest.mark.slow)])
-def test_parallel_across_two_hosts_matches_one_process(model, tp, pp, llama_dir, opt_dir, hosts, tmp_path):
-    """TP=2 (a rank per host), PP=2 (a stage per host), TP=2 x PP=2 (a 2-rank stage per host)."""
-    model_dir = llama_dir if model == "llama" else opt_dir
+def test_parallel_across_two_hosts_matches_one_process(model, tp, pp, llama_dir, opt_dir, hosts, tmp_path, request):
+    """TP=2 (a rank per host), PP=2 (a stage per host), TP=2 x PP=2 (a 2-rank stage per host); a quantized GGUF
+    file with TP=2 (each host takes its rows or blocks of the stored blocks)."""
+    model_dir = {"llama": llama_dir, "opt": opt_dir}.get(model) or request.getfixturevalue("gguf_file")
     tokens_1, logprobs_1 = json.loads(run_python(greedy_script(model_dir, "tensor_parallel_size=1"))
                                       .stdout.strip().splitlines()[-1])
     trace = str(tmp_path / "trace.jsonl")  # one file both hosts append to (the namespaces share the disk)
