@@ -91,6 +91,18 @@ def test_f32_gguf_logits_equal_the_hf_checkpoint(files, arch):
     llm.shutdown()
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "mistral"])
+def test_more_architectures_from_general_architecture(arch, tmp_path):
+    """qwen3 (q/k norms; head_dim from ``qwen3.attention.key_length``, which transformers' mapping drops), phi3
+    (fused qkv and gate_up tensors), mistral (stored as "llama", q/k permuted): the HF checkpoint's logits."""
+    checkpoint = make_checkpoint(arch, str(tmp_path / arch), **({"sliding_window": None} if arch == "mistral" else {}))
+    add_tokenizer(checkpoint, 320)
+    prompts = [prompt(9, 1), prompt(40, 2)]
+    llm, outputs = run(write_gguf(checkpoint, str(tmp_path / "model.gguf"), "F32"), prompts)
+    check_exact(outputs, prompts, reference(checkpoint), abs_tol=1e-4)
+    llm.shutdown()
+
+
 @pytest.mark.parametrize("name", ["llama-Q8_0", "llama-Q4_0", "qwen2-Q8_0", "llama-mixed"])
 def test_quantized_gguf_computes_with_the_stored_blocks(files, name):
     """Every quantized layer keeps the file's blocks (no float or int8 copy) and computes with them: transformers

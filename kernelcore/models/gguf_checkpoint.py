@@ -80,7 +80,29 @@ def hf_config(path: str):
             raise GGUFError(f"{path}: no causal-LM class for GGUF model type {config.model_type!r}")
         config.architectures = [arch]
     config.gguf_architecture = gguf_arch
+    _complete_config(config, gguf_arch, gguf_metadata.metadata(path))
     return config
+
+
+# Metadata keys (after "<arch>.") some transformers versions leave out of a GGUF config -> the config attribute
+# they set. Applied only to attributes the config class has, so each architecture takes the keys it knows.
+METADATA_ATTRIBUTES = {
+    "attention.key_length": "head_dim",
+    "attention.sliding_window": "sliding_window",
+    "attn_logit_softcapping": "attn_logit_softcapping",
+    "final_logit_softcapping": "final_logit_softcapping",
+}
+
+
+def _complete_config(config, arch: str, metadata: dict) -> None:
+    """Fill the attributes the metadata states but transformers' GGUF mapping dropped (Qwen3's head_dim:
+    its class default is 128 whatever ``qwen3.attention.key_length`` says)."""
+    for key, attribute in METADATA_ATTRIBUTES.items():
+        value = metadata.get(f"{arch}.{key}")
+        if value is not None and hasattr(config, attribute) and getattr(config, attribute) != value:
+            logger.debug("GGUF %s.%s = %r sets %s (transformers had %r)", arch, key, value, attribute,
+                         getattr(config, attribute))
+            setattr(config, attribute, value)
 
 
 def tokenizer(path: str):

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-FORMAT = 1  # bump when what is cached changes
+FORMAT = 2  # bump when what is cached changes
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,13 @@ def _write(path: str, target: str) -> None:
     arch_field = fields.get("general.architecture")
     tensors = [{"name": t.name, "type": t.tensor_type.name, "shape": [int(d) for d in reversed(t.shape)],
                 "offset": int(t.data_offset), "nbytes": int(t.n_bytes)} for t in reader.tensors]
+    scalars = {}
+    for key, field in fields.items():  # the model's own keys (rope, windows, soft-capping); not the vocabulary
+        if not key.startswith(("tokenizer.", "GGUF.")) and len(field.types) == 1 \
+                and field.types[0] != gguf.GGUFValueType.ARRAY:
+            scalars[key] = field.contents()
     info = {"architecture": arch_field.contents() if arch_field is not None else None,
-            "has_vocabulary": "tokenizer.ggml.model" in fields, "tensors": tensors}
+            "has_vocabulary": "tokenizer.ggml.model" in fields, "metadata": scalars, "tensors": tensors}
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(target))
     try:
         with open(os.path.join(tmp, "gguf.json"), "w") as f:
@@ -96,6 +101,11 @@ def _info(path: str) -> dict:
 
 def architecture(path: str) -> str | None:
     return _info(path)["architecture"]
+
+
+def metadata(path: str) -> dict:
+    """The file's scalar metadata (``llama.rope.freq_base``: 10000.0, ...), vocabulary arrays left out."""
+    return dict(_info(path)["metadata"])
 
 
 def has_vocabulary(path: str) -> bool:
