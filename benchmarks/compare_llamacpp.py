@@ -2,6 +2,7 @@
 
     python benchmarks/compare_llamacpp.py                          # fp32, bf16, int8 (vs Q8_0), medians of 3
     python benchmarks/compare_llamacpp.py --precisions fp32 --num-runs 1 --workloads batch1
+    python benchmarks/compare_llamacpp.py --gguf "$(kc pull smollm2-135m-instruct-q4_1)"   # a real file, as stored
 
 llama-server is built from the llama-cpp-python sdist on PyPI (benchmarks/llamacpp_build.py, cached) and reads
 the benchmark checkpoint converted by llama.cpp's own convert_hf_to_gguf.py (f32, bf16, q8_0). Both servers get
@@ -9,6 +10,10 @@ token-id prompts, greedy sampling, ignore_eos, the same thread count. Both serve
 CPU) and each workload runs on kc, then at once on llama-server, run after run, so a drift in the machine's
 speed (seen: 30% within minutes on a shared host) hits both alike; the ratio printed is the median of the
 per-run ratios. Never part of CI.
+
+With ``--gguf FILE`` (repeatable) both servers serve that file as it is, kc with its default ``gguf`` method (every
+tensor computed as stored) and the same workloads over the file's vocabulary; the resident memory of each
+server's whole process tree (RSS summed, after the runs) is printed beside the speeds.
 
 Workloads (fixed seed, a Llama-125M-shaped random checkpoint with a byte-fallback BPE tokenizer):
   uniform: 32 requests x (128 prompt + 128 out), all at once
@@ -121,6 +126,17 @@ class Server:
                 await asyncio.sleep(0.5)
         raise TimeoutError(f"{self.kind} did not become healthy; log: {self.log_path}")
 
+    def resident_bytes(self) -> int:
+        """RSS of the server and every process under it (kc serve: front end, engine core, workers)."""
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        total = 0
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        return total
+
     def __exit__(self, *exc):
         self.proc.terminate()
         try:
@@ -197,22 +213,32 @@ def llama_argv(binary: str, gguf: str, port: int, threads: int) -> list[str]:
 @click.option("--checkpoint-dir", type=click.Path(), default=None, help="Keep the checkpoint and GGUF files here.")
 @click.option("--llamacpp-version", default="0.3.36", show_default=True, help="llama-cpp-python sdist to build.")
 @click.option("--json-out", type=click.Path(), default=None)
-def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llamacpp_version, json_out):
+@click.option("--gguf", "gguf_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Serve this GGUF file with both servers instead of the converted checkpoint (repeatable).")
+def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llamacpp_version, json_out, gguf_files):
     """Output tok/s of kc serve and llama-server on the same workloads, same run."""
     engines = engines.split(",")
     binary = build_server(llamacpp_version) if "llama" in engines else None
     root = checkpoint_dir or tempfile.mkdtemp(prefix="kc-vs-llamacpp-")
-    path = build_checkpoint("llama", root)
-    add_tokenizer(path, 32000)
     names = workloads.split(",")
-    work = {w: make_workload(w, 32000) for w in names}
+    if gguf_files:
+        from kernelcore.models.gguf_checkpoint import hf_config
+
+        # one "precision" per file: (label, kc flags, kc model, llama-server model, vocabulary size)
+        variants = [(os.path.basename(f), [], f, f, hf_config(f).vocab_size) for f in gguf_files]
+    else:
+        path = build_checkpoint("llama", root)
+        add_tokenizer(path, 32000)
+        variants = [(p, PRECISIONS[p][0], path, None, 32000) for p in precisions.split(",")]
     click.echo(f"llama-server {binary}; threads {threads}; load average {os.getloadavg()[0]:.1f}; runs interleaved")
     rows = []
     notes: set[str] = set()
-    for precision in precisions.split(","):
-        flags, outtype = PRECISIONS[precision]
-        gguf = convert(path, outtype, llamacpp_version) if binary else None
+    for precision, flags, path, gguf, vocab_size in variants:
+        work = {w: make_workload(w, vocab_size) for w in names}
+        if gguf is None and binary:
+            gguf = convert(path, PRECISIONS[precision][1], llamacpp_version)
         results = {(k, w): [] for k in engines for w in names}
+        servers = {}
         with contextlib.ExitStack() as stack:
             ports = {}
             for kind in engines:  # both up, idle but for the one being measured
@@ -221,8 +247,8 @@ def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llam
                 # llama.cpp's weight repacking for some CPUs crashes on load (seen: Q8_0 on an AMX Xeon); its
                 # plain layout is what such a user would be left with.
                 fallback = argv + ["--no-repack"] if kind == "llama" else None
-                server = stack.enter_context(Server(kind, argv, port, os.path.join(root, f"{kind}-{precision}.log"),
-                                                    fallback))
+                server = servers[kind] = stack.enter_context(
+                    Server(kind, argv, port, os.path.join(root, f"{kind}-{precision}.log"), fallback))
                 if server.argv is fallback:
                     notes.add(f"{precision}: llama-server crashed loading the model and ran with --no-repack")
             for run in range(num_runs):
@@ -231,6 +257,13 @@ def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llam
                         results[(kind, w)].append(asyncio.run(run_workload(kind, ports[kind], *work[w],
                                                                            stream=w == "stream1")))
                         click.echo(f"  run {run + 1} {precision} {kind:5s} {w:8s} {results[(kind, w)][-1]:8.1f} tok/s")
+            rss = {kind: server.resident_bytes() for kind, server in servers.items()}
+            click.echo("  resident memory of the server tree: " + ", ".join(
+                f"{kind} {b / 2**20:.0f} MiB" for kind, b in rss.items())
+                + (f" (kc/llama {rss['kc'] / rss['llama']:.2f}x)" if len(rss) == 2 else ""))
+            rows.append(dict(precision=precision, workload="resident MiB", kc=rss.get("kc", 0) / 2**20,
+                             llama=rss.get("llama", 0) / 2**20, ratio=rss["kc"] / rss["llama"] if len(rss) == 2
+                             else float("nan"), kc_runs=[], llama_runs=[]))
         for w in names:
             kc, ll = results.get(("kc", w), []), results.get(("llama", w), [])
             med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731

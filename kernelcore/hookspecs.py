@@ -261,10 +261,16 @@ def register_quantization_methods(registry: QuantizationRegistry) -> None:
     Registering a name another plugin owns without ``override`` raises.
 
     GGUF tensor types are methods too: a ``.gguf`` model loads only if every
-    tensor's type ``T`` has a method named ``gguf_<t>`` (``gguf_q8_0``; built
-    in: F32, F16, BF16, Q8_0, Q4_0); another type is refused at start-up naming
-    it and the tensor. Such a method receives the layer's weight dequantized to
-    float by ``gguf.quants`` and the types it was stored in (``layer.gguf_types``).
+    tensor's type ``T`` has a method named ``gguf_<t>`` (``gguf_q4_k``; built
+    in: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL,
+    IQ4_XS); another type is refused at start-up naming it and the tensor.
+    Such a method is given a part of a layer (a
+    :class:`~kernelcore.models.gguf_params.GGUFPart`: rows ``start:stop`` of
+    one type, e.g. the v rows of a fused qkv) holding the file's blocks as
+    ``part.qweight`` (uint8 [rows, row_bytes]) and ``part.gguf_type``;
+    ``apply(part, x, None)`` returns those rows' outputs and, for a token
+    embedding, ``embedding(part, ids)`` its rows. The CPU platform overrides
+    the built-in pure-torch ones with native kernels.
 
     :param registry: the process's :class:`~kernelcore.quantization.QuantizationRegistry`.
 

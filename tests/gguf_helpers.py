@@ -41,6 +41,20 @@ def add_llama_vocab(writer, tokenizer_dir: str) -> None:
     writer.add_pad_token_id(tok.unk_token_id)
 
 
+def random_q6_k(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Valid Q6_K blocks (gguf cannot quantize to K-quants): random 6-bit values and int8 sub-block scales, the
+    float16 super-block scale set so weights stay within about +-0.4. Other such types get zero bytes (enough
+    for a file that is refused before its tensors are read)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, gguf.quants.quant_shape_to_byte_shape(shape, gguf.GGMLQuantizationType.Q6_K),
+                       dtype=np.uint8)
+    blocks = raw.reshape(-1, 210)
+    blocks[:, 208:210] = np.frombuffer(np.float16(1e-4).tobytes(), dtype=np.uint8)
+    return raw
+
+
 def write_gguf(checkpoint: str, out: str, qtype: str = "F32", with_vocab: bool = True,
                override_types: dict[str, str] | None = None) -> str:
     """``checkpoint`` (a Llama/Mistral/Qwen2 safetensors directory) as one GGUF file; 2-D weights in ``qtype``
@@ -90,8 +104,8 @@ def write_gguf(checkpoint: str, out: str, qtype: str = "F32", with_vocab: bool =
             try:
                 data = gguf.quants.quantize(array, qt)
             except (gguf.quants.QuantError, NotImplementedError):
-                # a type gguf cannot produce: bytes of the right size (the file is refused before they are read)
-                data = np.zeros(gguf.quants.quant_shape_to_byte_shape(array.shape, qt), dtype=np.uint8)
+                data = random_q6_k(array.shape) if kind == "Q6_K" else \
+                    np.zeros(gguf.quants.quant_shape_to_byte_shape(array.shape, qt), dtype=np.uint8)
             writer.add_tensor(name, data, raw_dtype=qt)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

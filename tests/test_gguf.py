@@ -128,6 +128,22 @@ def test_quantized_gguf_computes_with_the_stored_blocks(files, name):
     llm.shutdown()
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_shard_that_would_cut_a_super_block_is_computed_in_float(tmp_path, tp):
+    """Q6_K rows of 768 values are 3 super-blocks of 256: TP=1 computes with them; a row-parallel rank of TP=2
+    holds 384 values per row, which no whole number of blocks makes, so that layer is dequantized to float."""
+    checkpoint = make_llama_checkpoint(str(tmp_path / "llama"), intermediate_size=768)
+    add_tokenizer(checkpoint, 320)
+    path = write_gguf(checkpoint, str(tmp_path / "model.gguf"), "Q8_0", override_types={"blk.0.ffn_down.weight": "Q6_K"})
+    prompts = [prompt(9, 3), prompt(30, 4)]
+    llm, outputs = run(path, prompts, tensor_parallel_size=tp)
+    if tp == 1:
+        down = llm.engine_core.executor.worker.model_runner.model.model.layers[0].mlp.down_proj
+        assert [p.gguf_type for p in down.quant_method.parts] == ["Q6_K"]
+    check_exact(outputs, prompts, reference(path))
+    llm.shutdown()
+
+
 @pytest.mark.slow
 def test_tensor_parallel_on_a_quantized_file(files):
     """TP=2: each rank takes its rows (column-parallel) or its blocks of each row (row-parallel) of the stored

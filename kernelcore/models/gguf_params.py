@@ -168,7 +168,7 @@ def record_gguf_types(model: nn.Module) -> None:
                             "blocks, or the layer's method computes in float)", kind, tuple(tensor.shape),
                             type(_module).__name__, _param.shape[-1])
                 tensor = dequantize_blocks(tensor, kind)
-            elif store is not None:
+            if store is not None:
                 store.mark_float(_inner, tensor, args)
             return _inner(p, tensor, *args)
 
