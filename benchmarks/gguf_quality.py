@@ -12,8 +12,9 @@ Two checks, on a fixed real English text (benchmarks/data/alice_ch1.txt, Lewis C
 
 With ``--llamacpp`` (llama-server and llama-perplexity built from the llama-cpp-python sdist,
 benchmarks/llamacpp_build.py) the greedy check runs through llama-server on the same token ids, and perplexity
-through llama-perplexity, whose protocol differs (a 512-token chunk, the second half scored): kernelcore and the
-reference are then also scored by that protocol, so the three figures on that line compare.
+through llama-perplexity, whose protocol differs (2 chunks of 256 tokens, each evaluated alone with BOS first
+where the tokenizer adds one, the second half of each scored): kernelcore and the reference are scored by that
+protocol too, so the three figures on that line compare.
 """
 
 from __future__ import annotations
@@ -33,12 +34,21 @@ import torch
 
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "alice_ch1.txt")
 NUM_TOKENS, NUM_PROMPTS, GREEDY_TOKENS = 600, 8, 24
-CHUNK = 512  # llama-perplexity's context for the chunked protocol
+CHUNK, NUM_CHUNKS = 256, 2  # llama-perplexity's context and chunk count for the chunked protocol
 
 
 def text_tokens(tokenizer, n: int = NUM_TOKENS) -> list[int]:
     with open(TEXT) as f:
         return list(tokenizer(f.read(), add_special_tokens=True)["input_ids"])[:n]
+
+
+def chunks(tokens: list[int], bos: int | None) -> list[list[int]]:
+    """llama-perplexity's chunks: CHUNK tokens each, the first replaced by BOS when the tokenizer adds one."""
+    out = []
+    for k in range(NUM_CHUNKS):
+        chunk = tokens[k * CHUNK:(k + 1) * CHUNK]
+        out.append(([bos] + chunk[1:]) if bos is not None else chunk)
+    return out
 
 
 def greedy_prompts(tokens: list[int]) -> list[list[int]]:
@@ -54,29 +64,37 @@ def reference_model(path: str):
                                                 dtype=torch.float32).eval()
 
 
-@torch.no_grad()
-def reference_results(model, tokens: list[int], prompts: list[list[int]]) -> dict:
+def _ref_token_logprobs(model, tokens: list[int]) -> list[float]:
     logp = model(torch.tensor([tokens])).logits[0].float().log_softmax(-1)
-    token_logp = logp[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])]
+    return logp[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])].tolist()
+
+
+@torch.no_grad()
+def reference_results(model, tokens: list[int], prompts: list[list[int]], chunked: list[list[int]]) -> dict:
+    token_logp = _ref_token_logprobs(model, tokens)
     greedy = []
     for p in prompts:
         out = model.generate(torch.tensor([p]), max_new_tokens=GREEDY_TOKENS, min_new_tokens=GREEDY_TOKENS,
                              do_sample=False, pad_token_id=0)
         greedy.append(out[0, len(p):].tolist())
-    return {"token_logprobs": token_logp.tolist(), "greedy": greedy}
+    return {"token_logprobs": token_logp, "greedy": greedy,
+            "chunk_logprobs": [_ref_token_logprobs(model, c) for c in chunked]}
 
 
-def kernelcore_results(path: str, tokens: list[int], prompts: list[list[int]], **llm_kwargs) -> dict:
+def kernelcore_results(path: str, tokens: list[int], prompts: list[list[int]], chunked: list[list[int]],
+                       **llm_kwargs) -> dict:
     from kernelcore import LLM, SamplingParams
 
     llm = LLM(path, max_model_len=1024, **llm_kwargs)
     try:
-        scored = llm.generate([{"prompt_token_ids": tokens}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                              use_tqdm=False)[0]
-        token_logp = [entry[t].logprob for entry, t in zip(scored.prompt_logprobs[1:], tokens[1:])]
+        scored = llm.generate([{"prompt_token_ids": t} for t in [tokens, *chunked]],
+                              SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        token_logp = [[entry[t].logprob for entry, t in zip(out.prompt_logprobs[1:], ids[1:])]
+                      for out, ids in zip(scored, [tokens, *chunked])]
         params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return {"token_logprobs": token_logp, "greedy": [list(o.outputs[0].token_ids) for o in outs]}
+        return {"token_logprobs": token_logp[0], "chunk_logprobs": token_logp[1:],
+                "greedy": [list(o.outputs[0].token_ids) for o in outs]}
     finally:
         llm.shutdown()
 
@@ -87,9 +105,10 @@ def perplexity(token_logprobs: list[float], start: int = 0, stop: int | None = N
     return math.exp(-sum(span) / len(span))
 
 
-def chunked_perplexity(token_logprobs: list[float]) -> float:
-    """llama-perplexity's protocol on one chunk: tokens CHUNK/2 .. CHUNK-1 of the first CHUNK scored."""
-    return perplexity(token_logprobs, CHUNK // 2 - 1, CHUNK - 1)
+def chunked_perplexity(chunk_logprobs: list[list[float]]) -> float:
+    """llama-perplexity's protocol: in each chunk, the predictions from positions CHUNK/2 .. CHUNK-2."""
+    scored = [lp for chunk in chunk_logprobs for lp in chunk[CHUNK // 2:CHUNK - 1]]
+    return math.exp(-sum(scored) / len(scored))
 
 
 def agreement(greedy: list[list[int]], reference: list[list[int]]) -> int:
@@ -127,7 +146,8 @@ def llamacpp_results(path: str, tokens: list[int], prompts: list[list[int]]) -> 
         proc.wait()
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f, open(TEXT) as text:
         f.write(text.read())
-    out = subprocess.run([ppl_tool, "-m", path, "-f", f.name, "-c", str(CHUNK), "--chunks", "1", "-b", str(CHUNK)],
+    out = subprocess.run([ppl_tool, "-m", path, "-f", f.name, "-c", str(CHUNK), "--chunks", str(NUM_CHUNKS),
+                          "-b", str(CHUNK)],
                          capture_output=True, text=True, check=True)
     os.unlink(f.name)
     estimate = [line for line in (out.stdout + out.stderr).splitlines() if "Final estimate: PPL" in line]
@@ -141,14 +161,16 @@ def measure(path: str, llamacpp: bool = False, **llm_kwargs) -> dict:
     tok = tokenizer(path)
     tokens = text_tokens(tok)
     prompts = greedy_prompts(tokens)
-    ref = reference_results(reference_model(path), tokens, prompts)
-    ours = kernelcore_results(path, tokens, prompts, **llm_kwargs)
+    all_tokens = text_tokens(tok, NUM_CHUNKS * CHUNK)
+    chunked = chunks(all_tokens, tok.bos_token_id if all_tokens[0] == tok.bos_token_id else None)
+    ref = reference_results(reference_model(path), tokens, prompts, chunked)
+    ours = kernelcore_results(path, tokens, prompts, chunked, **llm_kwargs)
     result = {
         "file": os.path.basename(path), "tokens": len(tokens),
         "ppl_reference": perplexity(ref["token_logprobs"]), "ppl_kernelcore": perplexity(ours["token_logprobs"]),
         "agree_kernelcore": agreement(ours["greedy"], ref["greedy"]),
-        "chunked_ppl_reference": chunked_perplexity(ref["token_logprobs"]),
-        "chunked_ppl_kernelcore": chunked_perplexity(ours["token_logprobs"]),
+        "chunked_ppl_reference": chunked_perplexity(ref["chunk_logprobs"]),
+        "chunked_ppl_kernelcore": chunked_perplexity(ours["chunk_logprobs"]),
     }
     if llamacpp:
         cpp = llamacpp_results(path, tokens, prompts)
