@@ -13,6 +13,9 @@ envs.declare("KC_CPU_GRAPH_MAX_BATCH", lambda v: 8 if v is None else int(v), own
 envs.declare("KC_CPU_HUGE_PAGES", lambda v: v is None or envs.boolean(v), owner="cpu")
 # 0 = glibc's malloc keeps its defaults in the CPU worker (large blocks mmapped per allocation, trimmed on free).
 envs.declare("KC_CPU_KEEP_FREED_MEMORY", lambda v: v is None or envs.boolean(v), owner="cpu")
+# 1 = GGUF decode-sized matmuls quantize the activations to int8 per block for integer dot products (llama.cpp's
+# scheme: faster, but the activations are rounded); unset/0 = the float kernel, exactly the file's weights.
+envs.declare("KC_CPU_GGUF_INT_DOT", envs.boolean, owner="cpu")
 # Time each linear implementation per layer shape and batch size at start-up and route by the result.
 envs.declare("KC_CPU_TUNE_LINEARS", lambda v: v is None or envs.boolean(v), owner="cpu")
 

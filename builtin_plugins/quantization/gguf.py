@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from kernelcore.layers.linear import LinearMethodBase
+from kernelcore.models.gguf_params import GGUFPart
 
 
 def _registered(name: str) -> LinearMethodBase:
@@ -42,14 +43,17 @@ class GGUFLinearMethod(LinearMethodBase):
         from kernelcore.models.gguf_checkpoint import method_name
         from kernelcore.models.gguf_params import parts
 
-        self.parts = parts(cast(nn.Parameter, layer.weight))
+        self.parts: list[GGUFPart] | None = parts(cast(nn.Parameter, layer.weight))
         if self.parts is None:  # stored in float throughout: the plain float method on the layer itself
             self.float_method = _registered("none")
             self.float_method.process_weights_after_loading(layer)
             return
+        # submodules of the layer: the model's parameters and buffers include the blocks (a platform may move them)
+        layer.gguf_parts = nn.ModuleList(self.parts)
         for part in self.parts:  # a tied LM head shares the embedding's parts: process each once
             if "quant_method" not in part.__dict__:
-                part.params_dtype = getattr(layer, "params_dtype", cast(torch.Tensor, layer.weight).dtype)
+                part.params_dtype = cast(torch.dtype, getattr(layer, "params_dtype", None) or
+                                         cast(torch.Tensor, layer.weight).dtype)
                 part.__dict__["quant_method"] = _registered(method_name(part.gguf_type))
                 part.quant_method.process_weights_after_loading(part)
 
@@ -96,12 +100,13 @@ class GGUFBlocksMethod(LinearMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         from builtin_plugins.quantization.gguf_blocks import linear
 
-        y = linear(_flat(x), cast(torch.Tensor, layer.qweight), layer.gguf_type, bias)
+        part = cast(GGUFPart, layer)
+        y = linear(_flat(x), part.qweight, part.gguf_type, bias)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         from builtin_plugins.quantization.gguf_blocks import dequantize
 
-        rows = cast(torch.Tensor, layer.qweight)[ids.reshape(-1)]
-        out = dequantize(rows, layer.gguf_type, dtype=layer.params_dtype)
+        part = cast(GGUFPart, layer)
+        out = dequantize(part.qweight[ids.reshape(-1)], part.gguf_type, dtype=part.params_dtype)
         return out.reshape(*ids.shape, out.shape[-1])

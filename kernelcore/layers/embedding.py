@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernelcore.distributed import get_tp_group
-from kernelcore.layers.linear import copy_checked, make_linear_method
+from kernelcore.layers.linear import LinearMethodBase, copy_checked, make_linear_method
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -25,7 +27,7 @@ class VocabParallelEmbedding(nn.Module):
         setattr(self.weight, "weight_loader", self.weight_loader)
         self.params_dtype = torch.get_default_dtype()
         method = make_linear_method()  # a method that stores embeddings its own way looks their rows up too
-        self.quant_method = method if method.quantizes_embeddings else None
+        self.quant_method: LinearMethodBase | None = method if method.quantizes_embeddings else None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         if self.tp_size == 1:
@@ -68,7 +70,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.is_tied = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.quant_method.apply(self, x, self.bias)
+        logits = cast(LinearMethodBase, self.quant_method).apply(self, x, self.bias)
         if self.tp_size > 1:
             logits = get_tp_group().all_gather(logits, dim=-1)[..., : self.num_embeddings]
         return logits

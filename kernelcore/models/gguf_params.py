@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -85,6 +85,15 @@ class GGUFPart(nn.Module):
     """Rows ``start:stop`` of a layer's weight, all stored in one GGUF type: the layer a ``gguf_<type>`` method
     processes and applies. Quantized: ``qweight`` uint8 [rows, row_bytes]; float: ``weight`` [rows, cols]."""
 
+    start: int
+    stop: int
+    input_size: int
+    output_size: int
+    gguf_type: str
+    params_dtype: torch.dtype  # the model dtype (embedding rows come out in it); set by the gguf method
+    qweight: torch.Tensor
+    quant_method: Any  # the gguf_<type> method computing this part
+
     def __init__(self, start: int, stop: int, cols: int, gguf_type: str, data: torch.Tensor) -> None:
         super().__init__()
         self.start, self.stop, self.input_size, self.output_size = start, stop, cols, stop - start
@@ -129,7 +138,7 @@ def parts(param: nn.Parameter) -> list[GGUFPart] | None:
             data = param.data[start:stop].float().clone() if index == len(kinds) else \
                 torch.zeros(stop - start, store.cols)
         result.append(GGUFPart(start, stop, store.cols, kind, data))
-    del param.gguf_store
+    delattr(param, "gguf_store")
     setattr(param, "gguf_parts", result)
     param.data = torch.empty(0, store.cols, dtype=param.dtype)  # the float copy goes; the blocks are the weight
     return result

@@ -2,7 +2,7 @@
 // x[M, K] W[N, K]^T (+ bias), W given as N rows of ggml blocks. At decode sizes a linear is bound by the bytes
 // of weight it streams, so reading 4-6 bit blocks instead of a dequantized bfloat16 copy is the speed-up (and the
 // memory stays at the file's size). Built at first use by builtin_plugins/cpu/native.py, called through ctypes
-// (no torch headers; OpenMP resolves to the libgomp torch loaded).
+// (no torch headers; OpenMP resolves to the libgomp torch loaded, and each call uses the thread count passed).
 //
 // Two kernels:
 //  * kc_gguf_matmul: dequantize-in-register. Each thread owns groups of NR output rows; per K tile (256 values)
@@ -11,8 +11,14 @@
 //  * kc_gguf_matmul_int: llama.cpp's integer dot products. Activations are quantized once per call to int8 with
 //    one float scale per 32 values (Q8_0-like, for the 32-value block types) or per 256 (Q8_K-like, with
 //    per-16 sums for the K-quants' mins and offsets); each weight block is unpacked to bytes and multiplied
-//    with u8 x s8 dot products (AVX512-VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, or scalar), 4x the
-//    multiply-adds per instruction of float32 FMAs, at the cost of the activations' int8 rounding.
+//    with u8 x s8 dot products, 4x the multiply-adds per instruction of float32 FMAs, at the cost of the
+//    activations' int8 rounding. The 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) have an AVX-512
+//    VNNI path (two blocks per 512-bit vpdpbusd, four weight rows at a time, no per-row overhead: see
+//    "AVX-512 VNNI integer path" below); the K-quants (Q4_K, Q5_K, Q6_K), and every type without AVX-512, use
+//    256-bit AVX-VNNI / AVX2 vpmaddubsw (or scalar loops).
+// Every output is one thread's sum in a fixed order: results do not depend on the number of threads.
+// The weight rows are prefetched KC_GGUF_PREFETCH bytes ahead (from memory the hardware prefetchers alone left
+// the kernels 1.5-2x slower than from cache).
 //
 // dequantize() values equal gguf-py's numpy reference bit for bit: every product in the block formulas is
 // exact in float32 (an fp16 scale has 11 significant bits, the sub-scales and quants at most 8 + 6), so fused
@@ -25,6 +31,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "packed_call.h"
@@ -109,26 +116,67 @@ inline void scale_min_k4(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
   }
 }
 
-// One block into QK floats. Plain loops: GCC vectorises them.
+// One block into QK floats. Plain loops (GCC vectorises them, at 128 bits), or with AVX-512 BW/VL 32 values at a
+// time as int8 -> float32 (the same single rounding: every product below is exact, see the top of the file;
+// a plain multiply where the reference has no add, so that -0.0 stays -0.0).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KC_DEQ512 1
+inline __m512 lo16f(__m256i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))); }
+inline __m512 hi16f(__m256i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))); }
+// 16 bytes of nibbles -> 32 bytes: low nibbles (values 0-15), then high nibbles (values 16-31)
+inline __m256i nib32(const uint8_t* p) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), mask = _mm_set1_epi8(0xf);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
+}
+// y[0:16] = s0 * v, y[16:32] = s1 * v
+inline void mul32(__m256i v, __m512 s0, __m512 s1, float* y) {
+  _mm512_storeu_ps(y, _mm512_mul_ps(s0, lo16f(v)));
+  _mm512_storeu_ps(y + 16, _mm512_mul_ps(s1, hi16f(v)));
+}
+// y[0:32] = s * v + c
+inline void fma32(__m256i v, __m512 s, __m512 c, float* y) {
+  _mm512_storeu_ps(y, _mm512_fmadd_ps(s, lo16f(v), c));
+  _mm512_storeu_ps(y + 16, _mm512_fmadd_ps(s, hi16f(v), c));
+}
+// y[0:16] = s0 * v + c0, y[16:32] = s1 * v + c1
+inline void fma32x2(__m256i v, float s0, float c0, float s1, float c1, float* y) {
+  _mm512_storeu_ps(y, _mm512_fmadd_ps(_mm512_set1_ps(s0), lo16f(v), _mm512_set1_ps(c0)));
+  _mm512_storeu_ps(y + 16, _mm512_fmadd_ps(_mm512_set1_ps(s1), hi16f(v), _mm512_set1_ps(c1)));
+}
+#endif
 template <int T> void dequant_block(const uint8_t* b, float* __restrict y);
 
 template <> void dequant_block<Q4_0>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const __m512 d = _mm512_set1_ps(fp16(b));
+  mul32(_mm256_sub_epi8(nib32(b + 2), _mm256_set1_epi8(8)), d, d, y);
+#else
   const float d = fp16(b);
   const uint8_t* qs = b + 2;
   for (int j = 0; j < 16; ++j) {
     y[j] = d * float((qs[j] & 0xf) - 8);
     y[j + 16] = d * float((qs[j] >> 4) - 8);
   }
+#endif
 }
 template <> void dequant_block<Q4_1>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  fma32(nib32(b + 4), _mm512_set1_ps(fp16(b)), _mm512_set1_ps(fp16(b + 2)), y);
+#else
   const float d = fp16(b), m = fp16(b + 2);
   const uint8_t* qs = b + 4;
   for (int j = 0; j < 16; ++j) {
     y[j] = d * float(qs[j] & 0xf) + m;
     y[j + 16] = d * float(qs[j] >> 4) + m;
   }
+#endif
 }
 template <> void dequant_block<Q5_0>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const __m256i v = _mm256_mask_add_epi8(nib32(b + 6), __mmask32(load32(b + 2)), nib32(b + 6), _mm256_set1_epi8(16));
+  const __m512 d = _mm512_set1_ps(fp16(b));
+  mul32(_mm256_sub_epi8(v, _mm256_set1_epi8(16)), d, d, y);
+#else
   const float d = fp16(b);
   const uint32_t qh = load32(b + 2);
   const uint8_t* qs = b + 6;
@@ -136,8 +184,13 @@ template <> void dequant_block<Q5_0>(const uint8_t* b, float* __restrict y) {
     y[j] = d * float(int((qs[j] & 0xf) | ((qh >> j) & 1) << 4) - 16);
     y[j + 16] = d * float(int((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
   }
+#endif
 }
 template <> void dequant_block<Q5_1>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const __m256i v = _mm256_mask_add_epi8(nib32(b + 8), __mmask32(load32(b + 4)), nib32(b + 8), _mm256_set1_epi8(16));
+  fma32(v, _mm512_set1_ps(fp16(b)), _mm512_set1_ps(fp16(b + 2)), y);
+#else
   const float d = fp16(b), m = fp16(b + 2);
   const uint32_t qh = load32(b + 4);
   const uint8_t* qs = b + 8;
@@ -145,21 +198,56 @@ template <> void dequant_block<Q5_1>(const uint8_t* b, float* __restrict y) {
     y[j] = d * float((qs[j] & 0xf) | ((qh >> j) & 1) << 4) + m;
     y[j + 16] = d * float((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) + m;
   }
+#endif
 }
 template <> void dequant_block<Q8_0>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const __m512 d = _mm512_set1_ps(fp16(b));
+  mul32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), d, d, y);
+#else
   const float d = fp16(b);
   const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
   for (int j = 0; j < 32; ++j) y[j] = d * float(qs[j]);
+#endif
 }
-template <> void dequant_block<IQ4_NL>(const uint8_t* b, float* __restrict y) {
-  const float d = fp16(b);
-  const uint8_t* qs = b + 2;
+// 16 bytes of IQ4 nibbles -> 32 values dl * kvalue (low nibbles first). The codebook lookup does not vectorise
+// as a plain loop (7x slower than Q4_0's dequantization); vpshufb looks up 16 at a time.
+inline void iq4_values(const uint8_t* qs, float dl, float* __restrict y) {
+#ifdef KC_DEQ512  // (16-float stores: a later 64-byte load of them is forwarded from the store buffer)
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4));
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), mask = _mm_set1_epi8(0xf);
+  const __m256i v = _mm256_set_m128i(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), mask)),
+                                     _mm_shuffle_epi8(table, _mm_and_si128(q, mask)));
+  mul32(v, _mm512_set1_ps(dl), _mm512_set1_ps(dl), y);
+#elif defined(__AVX2__)
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4));
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), mask = _mm_set1_epi8(0xf);
+  const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(q, mask));
+  const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), mask));
+  const __m256 d = _mm256_set1_ps(dl);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int i = 0; i < 4; ++i)
+    _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i]))));
+#else
   for (int j = 0; j < 16; ++j) {
-    y[j] = d * float(KVALUES_IQ4[qs[j] & 0xf]);
-    y[j + 16] = d * float(KVALUES_IQ4[qs[j] >> 4]);
+    y[j] = dl * float(KVALUES_IQ4[qs[j] & 0xf]);
+    y[j + 16] = dl * float(KVALUES_IQ4[qs[j] >> 4]);
   }
+#endif
 }
+
+template <> void dequant_block<IQ4_NL>(const uint8_t* b, float* __restrict y) { iq4_values(b + 2, fp16(b), y); }
 template <> void dequant_block<Q2_K>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const uint8_t *sc = b, *qs = b + 16;
+  const float d = fp16(b + 80), dmin = fp16(b + 82);
+  for (int g = 0; g < 8; ++g) {  // 32 values: bits 2*(g%4) of 32 bytes qs[(g/4)*32 ...]
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + (g / 4) * 32));
+    const __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (g % 4)), _mm256_set1_epi8(3));
+    fma32x2(v, d * float(sc[2 * g] & 0xf), -(dmin * float(sc[2 * g] >> 4)), d * float(sc[2 * g + 1] & 0xf),
+            -(dmin * float(sc[2 * g + 1] >> 4)), y + g * 32);
+  }
+#else
   const uint8_t *sc = b, *qs = b + 16;
   const float d = fp16(b + 80), dmin = fp16(b + 82);
   for (int g = 0; g < 8; ++g) {  // 32 values: bits 2*(g%4) of 32 bytes qs[(g/4)*32 ...]
@@ -170,8 +258,26 @@ template <> void dequant_block<Q2_K>(const uint8_t* b, float* __restrict y) {
       for (int l = 0; l < 16; ++l) y[g * 32 + t * 16 + l] = dl * float((q[t * 16 + l] >> shift) & 3) - ml;
     }
   }
+#endif
 }
 template <> void dequant_block<Q3_K>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const uint8_t *hmask = b, *qs = b + 32, *s = b + 96;
+  const float d = fp16(b + 108);
+  float dl[16];
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? s[i] & 0xf : s[i - 8] >> 4, high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    dl[i] = d * float((low | high << 4) - 32);
+  }
+  const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hmask));
+  for (int g = 0; g < 8; ++g) {  // minus 4 where the value's hmask bit g is clear
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + (g / 4) * 32));
+    const __m256i low2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (g % 4)), _mm256_set1_epi8(3));
+    const __mmask32 set = _mm256_test_epi8_mask(hm, _mm256_set1_epi8(char(1 << g)));
+    const __m256i v = _mm256_mask_sub_epi8(low2, __mmask32(~set), low2, _mm256_set1_epi8(4));
+    mul32(v, _mm512_set1_ps(dl[2 * g]), _mm512_set1_ps(dl[2 * g + 1]), y + g * 32);
+  }
+#else
   const uint8_t *hmask = b, *qs = b + 32, *s = b + 96;
   const float d = fp16(b + 108);
   float dl[16];
@@ -183,15 +289,29 @@ template <> void dequant_block<Q3_K>(const uint8_t* b, float* __restrict y) {
     const uint8_t* q = qs + (g / 4) * 32;
     const int shift = 2 * (g % 4);
     for (int t = 0; t < 2; ++t) {
-      for (int l = 0; l < 16; ++l) {
-        const int ll = t * 16 + l;
-        const int v = ((q[ll] >> shift) & 3) - (((hmask[ll] >> g) & 1) ? 0 : 4);
-        y[g * 32 + ll] = dl[g * 2 + t] * float(v);
+      const float s = dl[g * 2 + t];
+      for (int l = t * 16; l < t * 16 + 16; ++l) {  // (branch-free: vectorises)
+        const int v = ((q[l] >> shift) & 3) - 4 + 4 * ((hmask[l] >> g) & 1);
+        y[g * 32 + l] = s * float(v);
       }
     }
   }
+#endif
 }
 template <> void dequant_block<Q4_K>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const float d = fp16(b), dmin = fp16(b + 2);
+  uint8_t sc[8], mn[8];
+  scale_min_k4(b + 4, sc, mn);
+  const __m256i mask = _mm256_set1_epi8(0xf);
+  for (int c = 0; c < 4; ++c) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + c * 32));
+    fma32(_mm256_and_si256(q, mask), _mm512_set1_ps(d * float(sc[2 * c])), _mm512_set1_ps(-(dmin * float(mn[2 * c]))),
+          y + c * 64);
+    fma32(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask), _mm512_set1_ps(d * float(sc[2 * c + 1])),
+          _mm512_set1_ps(-(dmin * float(mn[2 * c + 1]))), y + c * 64 + 32);
+  }
+#else
   const float d = fp16(b), dmin = fp16(b + 2);
   uint8_t sc[8], mn[8];
   scale_min_k4(b + 4, sc, mn);
@@ -204,8 +324,26 @@ template <> void dequant_block<Q4_K>(const uint8_t* b, float* __restrict y) {
       y[c * 64 + 32 + l] = d1 * float(qs[c * 32 + l] >> 4) - m1;
     }
   }
+#endif
 }
 template <> void dequant_block<Q5_K>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const float d = fp16(b), dmin = fp16(b + 2);
+  uint8_t sc[8], mn[8];
+  scale_min_k4(b + 4, sc, mn);
+  const __m256i mask = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+  for (int c = 0; c < 4; ++c) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + c * 32));
+    const __mmask32 h0 = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c))));
+    const __mmask32 h1 = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * c + 1))));
+    const __m256i v0 = _mm256_mask_add_epi8(_mm256_and_si256(q, mask), h0, _mm256_and_si256(q, mask), _mm256_slli_epi16(one, 4));
+    const __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+    const __m256i v1 = _mm256_mask_add_epi8(q1, h1, q1, _mm256_slli_epi16(one, 4));
+    fma32(v0, _mm512_set1_ps(d * float(sc[2 * c])), _mm512_set1_ps(-(dmin * float(mn[2 * c]))), y + c * 64);
+    fma32(v1, _mm512_set1_ps(d * float(sc[2 * c + 1])), _mm512_set1_ps(-(dmin * float(mn[2 * c + 1]))), y + c * 64 + 32);
+  }
+#else
   const float d = fp16(b), dmin = fp16(b + 2);
   uint8_t sc[8], mn[8];
   scale_min_k4(b + 4, sc, mn);
@@ -219,8 +357,27 @@ template <> void dequant_block<Q5_K>(const uint8_t* b, float* __restrict y) {
       y[c * 64 + 32 + l] = d1 * float((qs[c * 32 + l] >> 4) | ((qh[l] >> j1) & 1) << 4) - m1;
     }
   }
+#endif
 }
 template <> void dequant_block<Q6_K>(const uint8_t* b, float* __restrict y) {
+#ifdef KC_DEQ512
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = fp16(b + 208);
+  const __m256i mask = _mm256_set1_epi8(0xf), three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64));
+    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + h * 64 + 32));
+    const __m256i hh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + h * 32));
+    const __m256i lows[4] = {_mm256_and_si256(l0, mask), _mm256_and_si256(l1, mask),
+                             _mm256_and_si256(_mm256_srli_epi16(l0, 4), mask), _mm256_and_si256(_mm256_srli_epi16(l1, 4), mask)};
+    for (int i = 0; i < 4; ++i) {  // values 32 i .. 32 i + 31 of this half: scales sc[8 h + 2 i], sc[8 h + 2 i + 1]
+      const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2 * i), three), 4);
+      const __m256i v = _mm256_sub_epi8(_mm256_or_si256(lows[i], hi), off);
+      mul32(v, _mm512_set1_ps(d * float(sc[h * 8 + 2 * i])), _mm512_set1_ps(d * float(sc[h * 8 + 2 * i + 1])),
+            y + h * 128 + 32 * i);
+    }
+  }
+#else
   const uint8_t *ql = b, *qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const float d = fp16(b + 208);
@@ -238,6 +395,7 @@ template <> void dequant_block<Q6_K>(const uint8_t* b, float* __restrict y) {
       }
     }
   }
+#endif
 }
 template <> void dequant_block<IQ4_XS>(const uint8_t* b, float* __restrict y) {
   const float d = fp16(b);
@@ -246,16 +404,36 @@ template <> void dequant_block<IQ4_XS>(const uint8_t* b, float* __restrict y) {
   const uint8_t *sl = b + 4, *qs = b + 8;
   for (int j = 0; j < 8; ++j) {
     const int ls = ((sl[j / 2] >> (4 * (j % 2))) & 0xf) | ((sh >> (2 * j)) & 3) << 4;
-    const float dl = d * float(ls - 32);
-    for (int l = 0; l < 16; ++l) {
-      y[j * 32 + l] = dl * float(KVALUES_IQ4[qs[j * 16 + l] & 0xf]);
-      y[j * 32 + 16 + l] = dl * float(KVALUES_IQ4[qs[j * 16 + l] >> 4]);
-    }
+    iq4_values(qs + j * 16, d * float(ls - 32), y + j * 32);
   }
 }
 
+// Software prefetch distance (bytes ahead in each weight row stream). The kernels walk a few rows at a time, each
+// a stream of its own; from memory the hardware prefetchers alone left them 1.5-2x slower than from cache here.
+#ifndef KC_GGUF_PREFETCH
+#define KC_GGUF_PREFETCH 4096
+#endif
+inline void prefetch(const uint8_t* p) { __builtin_prefetch(p + KC_GGUF_PREFETCH, 0, 3); }
+
 // ---------------------------------------------------------------------------------------------------------------
 // dequantize: rows of blocks into float32 / bfloat16 rows.
+
+// n floats -> bfloat16, rounded to nearest even as to_bf16 (n a multiple of 16 with AVX-512).
+inline void bf16_row(const float* x, uint16_t* y, int n) {
+#ifdef __AVX512F__
+  for (int j = 0; j < n; j += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + j));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm512_cvtepi32_epi16(r));
+  }
+#else
+  for (int j = 0; j < n; ++j) y[j] = to_bf16(x[j]);
+#endif
+}
 
 template <int T>
 void dequantize_rows(const uint8_t* raw, int64_t raw_stride, int64_t rows, int64_t cols, int out_code, void* out,
@@ -273,7 +451,7 @@ void dequantize_rows(const uint8_t* raw, int64_t raw_stride, int64_t rows, int64
       alignas(64) float tmp[QK];
       for (int64_t b = 0; b < nb; ++b) {
         dequant_block<T>(row + b * BS, tmp);
-        for (int j = 0; j < QK; ++j) o[b * QK + j] = to_bf16(tmp[j]);
+        bf16_row(tmp, o + b * QK, QK);
       }
     }
   }
@@ -366,7 +544,12 @@ void float_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int6
       std::fill(vacc.begin(), vacc.end(), fvec{});
       for (int64_t k0 = 0; k0 < K; k0 += TK) {
         const int len = int(std::min<int64_t>(TK, K - k0));
-        for (int r = 0; r < rows; ++r) dequant_span<T>(raw + (n0 + r) * raw_stride, k0, len, buf + r * TK);
+        for (int r = 0; r < rows; ++r) {
+          const uint8_t* row = raw + (n0 + r) * raw_stride;
+          for (int64_t o = k0 / Traits<T>::QK * Traits<T>::BS; o < (k0 + len) / Traits<T>::QK * Traits<T>::BS; o += 64)
+            prefetch(row + o);
+          dequant_span<T>(row, k0, len, buf + r * TK);
+        }
         if (rows == NR) {
           tile_all_rows<NR>(buf, x, M, K, k0, len, vacc.data());
         } else {
@@ -554,7 +737,7 @@ Act quantize_act(const float* x, int64_t M, int64_t K, int qa, bool want_bsums, 
 }
 
 // One 32-value weight block as 32 bytes for the u8 x s8 dot product: `u` unsigned values (offset folded into
-// `c`, which multiplies the activation block's d * sum(q)), or for Q8_0 signed values (signed = true).
+// `c`, which multiplies the activation block's d * sum(q)), or for Q8_0 / IQ4_NL signed values (SIGNED below).
 struct Blk32 {
   v256 u;
   float d, c;
@@ -570,11 +753,11 @@ template <> inline Blk32 unpack32<Q5_1>(const uint8_t* b) {
   return {or256(nibbles16(b + 8), bits_to_0x10(load32(b + 4))), fp16(b), fp16(b + 2)};
 }
 template <> inline Blk32 unpack32<Q8_0>(const uint8_t* b) { return {ld(b + 2), fp16(b), 0.0f}; }
-// kvalues_iq4nl + 128: unsigned bytes, the offset folded into c like Q4_0's
+// kvalues_iq4nl + 128 as unsigned bytes (the AVX-512 path: vpdpbusd does not saturate; CM = -128 takes it off)
 constexpr uint8_t KVALUES_IQ4_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+// IQ4_NL as signed bytes like Q8_0 (|u| x s via sign8): vpmaddubsw's int16 pair sums would saturate on u + 128.
 template <> inline Blk32 unpack32<IQ4_NL>(const uint8_t* b) {
-  const float d = fp16(b);
-  return {lut16(nibbles16(b + 2), KVALUES_IQ4_U8), d, -128 * d};
+  return {lut16(nibbles16(b + 2), reinterpret_cast<const uint8_t*>(KVALUES_IQ4)), fp16(b), 0.0f};
 }
 
 template <int T, int MR>
@@ -585,18 +768,19 @@ void int_row32(const uint8_t* row, const Act& a, int64_t m0, float* out, float* 
   for (int64_t b = 0; b < nb; ++b) {
     const Blk32 w = unpack32<T>(row + b * BS);
     cbuf[b] = w.c;
-    const v256 wu = T == Q8_0 ? abs8(w.u) : w.u;
+    constexpr bool SIGNED = T == Q8_0 || T == IQ4_NL;
+    const v256 wu = SIGNED ? abs8(w.u) : w.u;
     for (int m = 0; m < MR; ++m) {
       const int64_t i = (m0 + m) * nb + b;
       v256 xs = ld(a.q.data() + i * 32);
-      if (T == Q8_0) xs = sign8(xs, w.u);
+      if (SIGNED) xs = sign8(xs, w.u);
       const float scale = w.d * a.d[i];
       acc[b & 1][m] += tofloat(dot4(wu, xs)) * scale;
     }
   }
   for (int m = 0; m < MR; ++m) {
     float c = 0;
-    if (T != Q8_0) {
+    if (T != Q8_0 && T != IQ4_NL) {
       const float* s = a.s.data() + (m0 + m) * nb;
       for (int64_t b = 0; b < nb; ++b) c += cbuf[b] * s[b];
     }
@@ -607,12 +791,14 @@ void int_row32(const uint8_t* row, const Act& a, int64_t m0, float* out, float* 
 template <int T, int MR>
 void int_rowK(const uint8_t* row, const Act& a, int64_t m0, float* out);
 
-template <int MR>
+// Q4_K, and Q5_K (FIVE: each quant's fifth bit from the 32 bytes of qh, bit j for 32-value group j).
+template <int MR, bool FIVE = false>
 void int_rowQ4K(const uint8_t* row, const Act& a, int64_t m0, float* out) {
   f8 acc[MR] = {};
   const int64_t nb = a.nb;
+  constexpr int BS = FIVE ? 176 : 144, QS = FIVE ? 48 : 16;
   for (int64_t sb = 0; sb < nb; ++sb) {
-    const uint8_t* b = row + sb * 144;
+    const uint8_t* b = row + sb * BS;
     const float d = fp16(b), dmin = fp16(b + 2);
     uint8_t sc[8], mn[8];
     scale_min_k4(b + 4, sc, mn);
@@ -622,9 +808,14 @@ void int_rowQ4K(const uint8_t* row, const Act& a, int64_t m0, float* out) {
     std::memcpy(&mv, mins16, 32);
     v256 u[8];
     for (int c = 0; c < 4; ++c) {
-      const v256 q = ld(b + 16 + c * 32);
+      const v256 q = ld(b + QS + c * 32);
       u[2 * c] = shr_mask(q, 0, 0xf);
       u[2 * c + 1] = shr_mask(q, 4, 0xf);
+      if constexpr (FIVE) {  // values <= 31: maddubs' pair sums stay within int16
+        const v256 qh = ld(b + 16);
+        u[2 * c] = or256(u[2 * c], shl4(shr_mask(qh, 2 * c, 1)));
+        u[2 * c + 1] = or256(u[2 * c + 1], shl4(shr_mask(qh, 2 * c + 1, 1)));
+      }
     }
     for (int m = 0; m < MR; ++m) {
       const int64_t i = (m0 + m) * nb + sb;
@@ -672,6 +863,8 @@ template <int T, int MR>
 inline void int_row(const uint8_t* row, const Act& a, int64_t m0, float* out, float* cbuf) {
   if constexpr (T == Q4_K) {
     int_rowQ4K<MR>(row, a, m0, out);
+  } else if constexpr (T == Q5_K) {
+    int_rowQ4K<MR, true>(row, a, m0, out);
   } else if constexpr (T == Q6_K) {
     int_rowQ6K<MR>(row, a, m0, out);
   } else {
@@ -682,50 +875,86 @@ inline void int_row(const uint8_t* row, const Act& a, int64_t m0, float* out, fl
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define KC_INT512 1
 // ---------------------------------------------------------------------------------------------------------------
-// AVX-512 VNNI integer path for the 32-value block types: two blocks per 512-bit vpdpbusd.
+// AVX-512 VNNI integer path for the 32-value block types: two blocks (a "pair") per 512-bit vpdpbusd.
 //
-// Every weight block becomes 32 unsigned bytes u with w = d * u + c (Q4_0: u = q, c = -8 d; Q4_1: c = m; Q5_0:
-// c = -16 d; Q5_1: c = m; Q8_0 and IQ4_NL: u = q + 128, c = -128 d), so sum_k w_k x_k over a block is
-// d * da * sum(u q) + c * da * sum(q) for the activations' block x = da * q. A weight row is unpacked once per
-// call into an L1 buffer of block pairs (64 bytes each) with its d and c per block (float32, gathered 16 blocks
-// at a time), then every group of MR activation rows walks it: per pair one vpdpbusd, one int -> float
-// conversion and one FMA by the pair's d * da (a permute of the 16-block scale vector) per activation row.
-// The activations are quantized once per call into the same pair layout: for the nibble types a pair is
-// [block b values 0-15, block b+1 values 0-15, b 16-31, b+1 16-31] (what 16 bytes of nibbles unpack to with one
-// shift), for Q8_0 the plain order. An odd last block is paired with zero activations.
+// Every weight block becomes 32 unsigned bytes u: Q4_0 / Q5_0 their quants (the weight is d * (u - 8) or
+// d * (u - 16)), Q8_0 and IQ4_NL their signed values + 128 (d * (u - 128)), Q4_1 / Q5_1 their quants (d * u + m).
+// For activations x = da * q (q int8, one da per 32 values, ggml's Q8_0 scheme) a block's dot product is then
+//   d * da * (sum(u q) + CM * sum(q))   (CM = -8, -16, -128)   or   d * da * sum(u q) + m * da * sum(q),
+// all integer but the last multiplies. The activations are quantized once per call, pair by pair, into
+//   q: 64 bytes in the order the weight's pair unpacks to: for the nibble types [block 0 values 0-15, block 1
+//      values 0-15, block 0 16-31, block 1 16-31] (16 bytes of nibbles, once as they are, once shifted by 4),
+//      for Q8_0 the plain order;
+//   da: the 16 int32 lanes' da (each lane of the vpdpbusd sums 4 bytes of one block);
+//   ex: CM * (each lane's sum of q), int32, the start value of the lane's vpdpbusd; for Q4_1 / Q5_1 instead
+//       da * (each lane's sum of q) as float32, the factor of the lane's m.
+// A weight pair is one masked 64-byte load (never past the pair's bytes) and word permutes (vpermw) that put
+// its quants, and its d (and m) as each lane's scale, where the lanes want them. Per pair and activation row:
+// one vpdpbusd, one int -> float conversion and two FMA-unit operations (d * da, then the accumulation). NR
+// weight rows are done together (the activation loads and the final lane sums shared); an odd last block is
+// paired with zero activations.
 
-template <int T> struct Pack512;  // unpack(b0, b1) -> 64 bytes; NIB: the pair layout above; C: c = CM * d (or m)
-template <> struct Pack512<Q4_0> { static constexpr bool NIB = true, MIN = false; static constexpr float CM = -8; };
-template <> struct Pack512<Q4_1> { static constexpr bool NIB = true, MIN = true; static constexpr float CM = 0; };
-template <> struct Pack512<Q5_0> { static constexpr bool NIB = true, MIN = false; static constexpr float CM = -16; };
-template <> struct Pack512<Q5_1> { static constexpr bool NIB = true, MIN = true; static constexpr float CM = 0; };
-template <> struct Pack512<Q8_0> { static constexpr bool NIB = false, MIN = false; static constexpr float CM = -128; };
-template <> struct Pack512<IQ4_NL> { static constexpr bool NIB = true, MIN = false; static constexpr float CM = -128; };
+template <int T> struct Pack512;
+template <> struct Pack512<Q4_0> { static constexpr bool NIB = true, MIN = false; static constexpr int CM = -8; };
+template <> struct Pack512<Q4_1> { static constexpr bool NIB = true, MIN = true; static constexpr int CM = 0; };
+template <> struct Pack512<Q5_0> { static constexpr bool NIB = true, MIN = false; static constexpr int CM = -16; };
+template <> struct Pack512<Q5_1> { static constexpr bool NIB = true, MIN = true; static constexpr int CM = 0; };
+template <> struct Pack512<Q8_0> { static constexpr bool NIB = false, MIN = false; static constexpr int CM = -128; };
+template <> struct Pack512<IQ4_NL> { static constexpr bool NIB = true, MIN = false; static constexpr int CM = -128; };
 
 // Byte offset of the quants (nibbles or int8) and of Q5's 32 high bits in a block.
 template <int T> constexpr int qs_offset() { return T == Q4_0 || T == IQ4_NL ? 2 : T == Q4_1 ? 4 : T == Q5_0 ? 6 : T == Q5_1 ? 8 : 2; }
 template <int T> constexpr int qh_offset() { return T == Q5_0 ? 2 : 4; }
 
-inline __m512i nib_pair(const uint8_t* q0, const uint8_t* q1) {
-  const __m256i qq = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(q1)), 1);
-  const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(qq), _mm256_srli_epi16(qq, 4), 1);
-  return _mm512_and_si512(w, _mm512_set1_epi8(0x0f));
-}
+// The lanes of a pair's vpdpbusd that belong to its second block.
+constexpr __mmask16 second_block_lanes(bool nib) { return nib ? 0xF0F0 : 0xFF00; }
 
+// vpermw word indices into a pair's bytes (every field of these blocks sits at an even offset): q, the nibble
+// types' quants as [qs0, qs1, qs0, qs1]; d, words 0-15 each lane's block's d, words 16-31 its m.
+struct PairWords {
+  alignas(64) int16_t q[32];
+  alignas(64) int16_t d[32];
+  PairWords(int bs, int qs, bool nib) {
+    for (int j = 0; j < 32; ++j) q[j] = int16_t(((j / 8) % 2) * bs / 2 + qs / 2 + j % 8);
+    for (int l = 0; l < 16; ++l) {
+      const int block = nib ? (l / 4) % 2 : l / 8;
+      d[l] = int16_t(block * bs / 2);
+      d[16 + l] = int16_t(block * bs / 2 + 1);
+    }
+  }
+};
+
+// One weight pair: u bytes, each lane's d (and m).
+struct WPair {
+  __m512i w;
+  __m512 d, m;
+};
+
+// `end`: the end of the weight's last row. A pair is read with a plain 64-byte load where that stays inside the
+// weight (bytes past the pair are ignored), else with a masked one that reads the pair's bytes only. (Masked
+// loads alone ran 2x slower from memory on Zen 5: they do not train the hardware prefetchers.) A lone last block
+// is always read masked, so that its missing partner's d and m are zero.
 template <int T>
-inline __m512i unpack_pair(const uint8_t* b0, const uint8_t* b1) {
-  constexpr int QS = qs_offset<T>();
+inline WPair unpack_pair(const uint8_t* b0, bool two, const uint8_t* end, const PairWords& pw) {
+  constexpr int BS = Traits<T>::BS, QS = qs_offset<T>();
+  WPair r;
   if constexpr (T == Q8_0) {
+    const uint8_t* b1 = two ? b0 + BS : b0;  // a lone block meets zero activations in the second half
     const __m512i w = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + QS))),
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + QS)), 1);
-    return _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80)));  // q + 128 as an unsigned byte
+    r.w = _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80)));  // q + 128 as an unsigned byte
+    const __m512i v = two && b0 + 64 <= end ? _mm512_loadu_si512(b0)
+                                            : _mm512_maskz_loadu_epi8(two ? __mmask64(3) | __mmask64(3) << BS : 3, b0);
+    r.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(pw.d), v)));
+    r.m = _mm512_setzero_ps();
   } else {
-    __m512i w = nib_pair(b0 + QS, b1 + QS);
-    if constexpr (T == Q5_0 || T == Q5_1) {
-      const uint64_t h0 = load32(b0 + qh_offset<T>()), h1 = load32(b1 + qh_offset<T>());
+    const __m512i v = two && b0 + 64 <= end ? _mm512_loadu_si512(b0)
+                                            : _mm512_maskz_loadu_epi8((__mmask64(1) << ((two ? 2 : 1) * BS)) - 1, b0);
+    const __m512i q = _mm512_permutexvar_epi16(_mm512_load_si512(pw.q), v);
+    __m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(q, __mmask32(0xffff0000u), q, 4), _mm512_set1_epi8(0x0f));
+    if constexpr (T == Q5_0 || T == Q5_1) {  // the fifth bit: qh bit j of block i -> byte j % 16 + 16 i + 32 (j / 16)
+      const uint64_t h0 = load32(b0 + qh_offset<T>()), h1 = two ? load32(b0 + BS + qh_offset<T>()) : 0;
       const __mmask64 k = (h0 & 0xffff) | (h1 & 0xffff) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
       w = _mm512_mask_add_epi8(w, k, w, _mm512_set1_epi8(0x10));
     }
@@ -733,142 +962,194 @@ inline __m512i unpack_pair(const uint8_t* b0, const uint8_t* b1) {
       const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(KVALUES_IQ4_U8)));
       w = _mm512_shuffle_epi8(table, w);  // kvalues_iq4nl + 128
     }
-    return w;
+    r.w = w;
+    const __m512i dm = _mm512_permutexvar_epi16(_mm512_load_si512(pw.d), v);
+    r.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dm));
+    r.m = Pack512<T>::MIN ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)) : _mm512_setzero_ps();
   }
+  return r;
 }
 
-// Quantized activations in the pair layout: q [M][pairs * 64], d and s = d * sum(q) [M][blocks16] (zero-padded
-// to whole chunks of 16 blocks).
+// Quantized activations: per row and pair, 3 x 64 bytes (q, da, ex; see above).
 struct Act512 {
-  std::vector<int8_t> q;
-  std::vector<float> d, s;
-  int64_t pairs, blocks16;
+  struct alignas(64) Line { int8_t b[64]; };
+  std::vector<Line> lines;  // [M][pairs][3]
+  int64_t pairs;
+  const Line* at(int64_t m, int64_t p) const { return lines.data() + (m * pairs + p) * 3; }
 };
 
-Act512 quantize_act512(const float* x, int64_t M, int64_t K, bool nibble_layout, int num_threads) {
+template <int T>
+Act512 quantize_act512(const float* x, int64_t M, int64_t K, int num_threads) {
+  constexpr bool NIB = Pack512<T>::NIB;
   Act512 a;
   const int64_t nb = K / 32;
   a.pairs = (nb + 1) / 2;
-  a.blocks16 = (nb + 15) / 16 * 16;
-  a.q.assign(M * a.pairs * 64, 0);
-  a.d.assign(M * a.blocks16, 0.0f);
-  a.s.assign(M * a.blocks16, 0.0f);
-  const int64_t total = M * nb;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (total > 2048)
+  a.lines.resize(M * a.pairs * 3);
+  const int64_t total = M * a.pairs;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (total > 1024)
   for (int64_t i = 0; i < total; ++i) {
-    const int64_t m = i / nb, b = i % nb;
-    const float* v = x + m * K + b * 32;
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(v[j]));
-    const float d = amax / 127.0f, id = d != 0 ? 127.0f / amax : 0.0f;
-    int8_t* q = a.q.data() + m * a.pairs * 64 + (b / 2) * 64;
-    int sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      const int t = std::min(127, std::max(-127, nearest(v[j] * id)));
-      sum += t;
+    const int64_t m = i / a.pairs, p = i % a.pairs;
+    int8_t* q = a.lines[i * 3].b;
+    float da[2] = {0.0f, 0.0f};
+    for (int h = 0; h < 2; ++h) {
+      const int64_t b = 2 * p + h;
       // nibble layout: values 0-15 of the pair's first block at 0, second at 16; values 16-31 at 32 / 48
-      const int pos = nibble_layout ? (j < 16 ? j : j + 16) + (b & 1) * 16 : j + (b & 1) * 32;
-      q[pos] = int8_t(t);
+      const int lo = NIB ? h * 16 : h * 32, hi = NIB ? lo + 32 : lo + 16;
+      if (b >= nb) {
+        std::memset(q + lo, 0, 16);
+        std::memset(q + hi, 0, 16);
+        continue;
+      }
+      const float* v = x + m * K + b * 32;
+      const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float d = amax / 127.0f, id = d != 0 ? 127.0f / amax : 0.0f;
+      // round to nearest even (as ggml's AVX quantize_row_q8_0); |v * id| <= 127
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + lo), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + hi), _mm512_cvtsepi32_epi8(q1));
+      da[h] = d;
     }
-    a.d[m * a.blocks16 + b] = d;
-    a.s[m * a.blocks16 + b] = d * float(sum);
+    const __m512i sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), _mm512_load_si512(q));
+    const __m512 dav = _mm512_mask_blend_ps(second_block_lanes(NIB), _mm512_set1_ps(da[0]), _mm512_set1_ps(da[1]));
+    _mm512_store_ps(a.lines[i * 3 + 1].b, dav);
+    if constexpr (Pack512<T>::MIN) {
+      _mm512_store_ps(a.lines[i * 3 + 2].b, _mm512_mul_ps(dav, _mm512_cvtepi32_ps(sum4)));
+    } else {
+      _mm512_store_si512(a.lines[i * 3 + 2].b, _mm512_mullo_epi32(sum4, _mm512_set1_epi32(Pack512<T>::CM)));
+    }
   }
   return a;
 }
 
-// Lane -> block within a chunk of 16 blocks, for pair p of the chunk.
-struct PairIndex {
-  alignas(64) int32_t idx[8][16];
-  explicit PairIndex(bool nibble_layout) {
-    for (int p = 0; p < 8; ++p)
-      for (int l = 0; l < 16; ++l) idx[p][l] = 2 * p + (nibble_layout ? (l / 4) % 2 : l / 8);
-  }
-};
-
-template <int T, int MR>
-inline void int512_rows(const int8_t* wbuf, const float* dw, const float* cw, const Act512& a, int64_t m0,
-                        const PairIndex& pi, float* out) {
-  __m512 acc[MR], accc[MR];
-  for (int m = 0; m < MR; ++m) acc[m] = accc[m] = _mm512_setzero_ps();
-  const int64_t pairs = a.pairs;
-  const int8_t* xq = a.q.data() + m0 * pairs * 64;
-  for (int64_t c = 0; c * 8 < pairs; ++c) {
-    const __m512 dwv = _mm512_load_ps(dw + c * 16), cwv = _mm512_load_ps(cw + c * 16);
-    __m512 scale[MR];
-    for (int m = 0; m < MR; ++m) {
-      const int64_t o = (m0 + m) * a.blocks16 + c * 16;
-      scale[m] = _mm512_mul_ps(dwv, _mm512_loadu_ps(a.d.data() + o));
-      accc[m] = _mm512_fmadd_ps(cwv, _mm512_loadu_ps(a.s.data() + o), accc[m]);
-    }
-    const int np = int(std::min<int64_t>(8, pairs - c * 8));
-    for (int p = 0; p < np; ++p) {
-      const int64_t pair = c * 8 + p;
-      const __m512i w = _mm512_load_si512(wbuf + pair * 64);
-      const __m512i idx = _mm512_load_si512(pi.idx[p]);
-      for (int m = 0; m < MR; ++m) {
-        const __m512i xv = _mm512_loadu_si512(xq + (m * pairs + pair) * 64);
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv);
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, scale[m]), acc[m]);
-      }
-    }
-  }
-  for (int m = 0; m < MR; ++m) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], accc[m]));
+// The lane sums of 4 vectors.
+inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // a b a b per 128 bits
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+  const __m512 sum = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));  // a b c d per 128 bits
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(sum),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));  // (no DQ)
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-template <int T, typename Y>
-void int512_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
-                   const float* bias, Y* y, int num_threads) {
+// out[r * MR + m] = weight row r (of NR) . activation row m0 + m (of MR). BUF: the rows' pairs were unpacked
+// into wb[r] (3 lines per pair: w, d, m); else they are read from the ggml blocks.
+template <int T, int NR, int MR, bool BUF>
+inline void int512_tile(const uint8_t* const* rows, const uint8_t* end, const Act512::Line* const* wb, int64_t nb,
+                        const Act512& a, int64_t m0, const PairWords& pw, float* out) {
   constexpr int BS = Traits<T>::BS;
-  constexpr bool NIB = Pack512<T>::NIB;
-  const Act512 a = quantize_act512(x, M, K, NIB, num_threads);
-  const int64_t nb = K / 32;
-  static const PairIndex pi(NIB);
+  constexpr bool MIN = Pack512<T>::MIN;
+  __m512 acc[NR][MR], accm[NR][MR];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) acc[r][m] = accm[r][m] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < a.pairs; ++p) {
+    __m512i xv[MR], ex[MR];
+    __m512 dav[MR];
+    for (int m = 0; m < MR; ++m) {
+      const Act512::Line* l = a.at(m0 + m, p);
+      xv[m] = _mm512_load_si512(l[0].b);
+      dav[m] = _mm512_load_ps(l[1].b);
+      ex[m] = _mm512_load_si512(l[2].b);
+    }
+    for (int r = 0; r < NR; ++r) {
+      WPair w;
+      if constexpr (BUF) {
+        const Act512::Line* l = wb[r] + p * 3;
+        w.w = _mm512_load_si512(l[0].b);
+        w.d = _mm512_load_ps(l[1].b);
+        w.m = MIN ? _mm512_load_ps(l[2].b) : _mm512_setzero_ps();
+      } else {
+        prefetch(rows[r] + 2 * p * BS);
+        w = unpack_pair<T>(rows[r] + 2 * p * BS, 2 * p + 1 < nb, end, pw);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const __m512i dot = _mm512_dpbusd_epi32(MIN ? _mm512_setzero_si512() : ex[m], w.w, xv[m]);
+        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.d, dav[m]), acc[r][m]);
+        if constexpr (MIN) accm[r][m] = _mm512_fmadd_ps(w.m, _mm512_castsi512_ps(ex[m]), accm[r][m]);
+      }
+    }
+  }
+  __m512 sums[NR * MR];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) sums[r * MR + m] = MIN ? _mm512_add_ps(acc[r][m], accm[r][m]) : acc[r][m];
+  int i = 0;
+  for (; i + 4 <= NR * MR; i += 4) _mm_storeu_ps(out + i, reduce4(sums[i], sums[i + 1], sums[i + 2], sums[i + 3]));
+  for (; i < NR * MR; ++i) out[i] = _mm512_reduce_add_ps(sums[i]);
+}
+
+// NR weight rows at a time per thread: 4 for up to 2 activation rows, else 2. Up to 4 activation rows: one
+// pass straight over the blocks; more: the NR rows unpacked once into L1 buffers, then walked by groups of up
+// to 4 activation rows.
+template <int T, int NR>
+void int512_run(const Act512& a, int64_t M, int64_t nb, const uint8_t* raw, int64_t raw_stride, int64_t N,
+                const float* bias, int y_code, void* y, int num_threads) {
+  constexpr int BS = Traits<T>::BS;
+  static const PairWords pw(BS, qs_offset<T>(), Pack512<T>::NIB);
+  const int64_t groups = (N + NR - 1) / NR;
+  const uint8_t* end = raw + (N - 1) * raw_stride + nb * BS;
 #pragma omp parallel num_threads(num_threads)
   {
-    struct alignas(64) Line { int8_t b[64]; };
-    std::vector<Line> wbuf(a.pairs);
-    std::vector<Line> scales(a.blocks16 / 8);  // dw then cw, 16 floats per line
-    float* dw = reinterpret_cast<float*>(scales.data());
-    float* cw = dw + a.blocks16;
-    const __m512i gather_idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                  _mm512_set1_epi32(BS));
-    float out[8];
+    std::vector<Act512::Line> buf(M > 4 ? NR * a.pairs * 3 : 0);
+    const Act512::Line* wb[NR] = {};
+    for (int r = 0; r < NR && M > 4; ++r) wb[r] = buf.data() + r * a.pairs * 3;
+    alignas(64) float out[NR * 4];
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const uint8_t* row = raw + n * raw_stride;
-      for (int64_t p = 0; p < a.pairs; ++p) {
-        const uint8_t* b0 = row + 2 * p * BS;
-        const uint8_t* b1 = 2 * p + 1 < nb ? b0 + BS : b0;  // an odd last block meets zero activations
-        _mm512_store_si512(wbuf[p].b, unpack_pair<T>(b0, b1));
-      }
-      for (int64_t c = 0; c < a.blocks16; c += 16) {
-        const int64_t left = nb - c;
-        const __mmask16 k = left >= 16 ? __mmask16(0xffff) : __mmask16(left > 0 ? (1u << left) - 1 : 0);
-        // 4 bytes at each block's start: d in the low half, Q4_1 / Q5_1's m in the high half
-        const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, gather_idx, row + c * BS, 1);
-        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-        _mm512_store_ps(dw + c, d);
-        if constexpr (Pack512<T>::MIN) {
-          _mm512_store_ps(cw + c, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16))));
-        } else {
-          _mm512_store_ps(cw + c, _mm512_mul_ps(d, _mm512_set1_ps(Pack512<T>::CM)));
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t n0 = g * NR;
+      const int nr = int(std::min<int64_t>(NR, N - n0));
+      const uint8_t* rows[NR];
+      for (int r = 0; r < NR; ++r) rows[r] = raw + (n0 + std::min(r, nr - 1)) * raw_stride;  // a short group repeats its last row
+      if (M > 4) {
+        for (int r = 0; r < NR; ++r) {
+          Act512::Line* l = buf.data() + r * a.pairs * 3;
+          for (int64_t p = 0; p < a.pairs; ++p, l += 3) {
+            prefetch(rows[r] + 2 * p * BS);
+            const WPair w = unpack_pair<T>(rows[r] + 2 * p * BS, 2 * p + 1 < nb, end, pw);
+            _mm512_store_si512(l[0].b, w.w);
+            _mm512_store_ps(l[1].b, w.d);
+            _mm512_store_ps(l[2].b, w.m);
+          }
         }
       }
-      const int8_t* wb = wbuf.data()->b;
-      const float b = bias ? bias[n] : 0.0f;
       for (int64_t m0 = 0; m0 < M;) {
-        const int64_t left = M - m0;
-        const int mr = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-        switch (mr) {
-          case 4: int512_rows<T, 4>(wb, dw, cw, a, m0, pi, out); break;
-          case 2: int512_rows<T, 2>(wb, dw, cw, a, m0, pi, out); break;
-          default: int512_rows<T, 1>(wb, dw, cw, a, m0, pi, out); break;
+        const int mr = int(std::min<int64_t>(4, M - m0));
+        if constexpr (NR == 4) {  // M <= 2
+          if (mr == 2) int512_tile<T, NR, 2, false>(rows, end, wb, nb, a, m0, pw, out);
+          else int512_tile<T, NR, 1, false>(rows, end, wb, nb, a, m0, pw, out);
+        } else if (M <= 4) {
+          if (mr == 4) int512_tile<T, NR, 4, false>(rows, end, wb, nb, a, m0, pw, out);
+          else int512_tile<T, NR, 3, false>(rows, end, wb, nb, a, m0, pw, out);
+        } else {
+          switch (mr) {
+            case 4: int512_tile<T, NR, 4, true>(rows, end, wb, nb, a, m0, pw, out); break;
+            case 3: int512_tile<T, NR, 3, true>(rows, end, wb, nb, a, m0, pw, out); break;
+            case 2: int512_tile<T, NR, 2, true>(rows, end, wb, nb, a, m0, pw, out); break;
+            default: int512_tile<T, NR, 1, true>(rows, end, wb, nb, a, m0, pw, out); break;
+          }
         }
-        for (int m = 0; m < mr; ++m) store_out(y + (m0 + m) * N + n, out[m] + b);
+        for (int r = 0; r < nr; ++r) {
+          const float b = bias ? bias[n0 + r] : 0.0f;
+          for (int m = 0; m < mr; ++m) {
+            const int64_t i = (m0 + m) * N + n0 + r;
+            if (y_code == 0) static_cast<float*>(y)[i] = out[r * mr + m] + b;
+            else static_cast<uint16_t*>(y)[i] = to_bf16(out[r * mr + m] + b);
+          }
+        }
         m0 += mr;
       }
     }
   }
+}
+
+template <int T>
+void int512_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
+                   const float* bias, int y_code, void* y, int num_threads) {
+  const Act512 a = quantize_act512<T>(x, M, K, num_threads);
+  if (M <= 2) int512_run<T, 4>(a, M, K / 32, raw, raw_stride, N, bias, y_code, y, num_threads);
+  else int512_run<T, 2>(a, M, K / 32, raw, raw_stride, N, bias, y_code, y, num_threads);
 }
 #endif
 
@@ -882,7 +1163,7 @@ void int_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_
   constexpr int QA = Traits<T>::QK;  // activation block: 32 or 256, as the weight's
 #ifdef KC_INT512
   if constexpr (QA == 32) {
-    int512_matmul<T, Y>(x, M, K, raw, raw_stride, N, bias, y, num_threads);
+    int512_matmul<T>(x, M, K, raw, raw_stride, N, bias, std::is_same_v<Y, float> ? 0 : 1, y, num_threads);
   } else {
     int_matmul_avx2<T, Y>(x, M, K, raw, raw_stride, N, bias, y, num_threads);
   }
@@ -904,6 +1185,7 @@ void int_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* raw, i
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* row = raw + n * raw_stride;
+      for (int64_t o = 0; o < a.nb * Traits<T>::BS; o += 64) prefetch(row + o);
       const float b = bias ? bias[n] : 0.0f;
       for (int64_t m0 = 0; m0 < M;) {
         const int64_t left = M - m0;
@@ -952,7 +1234,7 @@ int block_values(int type) {
 
 bool int_dot_type(int type) {
   return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0 || type == IQ4_NL ||
-         type == Q4_K || type == Q6_K;
+         type == Q4_K || type == Q5_K || type == Q6_K;
 }
 
 template <int T> struct Dequant {
@@ -974,7 +1256,7 @@ template <int T> struct IntMM {
   static void run(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t rs, int64_t N, const float* bias,
                   int y_code, void* y, int nt) {
     if constexpr (T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1 || T == Q8_0 || T == IQ4_NL || T == Q4_K ||
-                  T == Q6_K) {
+                  T == Q5_K || T == Q6_K) {
       if (y_code == 0) int_matmul<T, float>(x, M, K, raw, rs, N, bias, static_cast<float*>(y), nt);
       else int_matmul<T, uint16_t>(x, M, K, raw, rs, N, bias, static_cast<uint16_t*>(y), nt);
     }
@@ -1010,14 +1292,19 @@ int matmul_common(bool int_dot, int type, int x_code, const void* x, int64_t x_s
 }  // namespace
 
 // Bit 0: the integer dot products use VNNI (vpdpbusd); bit 1: AVX2 (vpmaddubsw); neither: scalar loops.
+// Bit 2: the 32-value types' AVX-512 VNNI path.
 extern "C" int kc_gguf_features() {
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
-  return 3;
+  int features = 3;
 #elif defined(__AVX2__)
-  return 2;
+  int features = 2;
 #else
-  return 0;
+  int features = 0;
 #endif
+#ifdef KC_INT512
+  features |= 4;
+#endif
+  return features;
 }
 
 // raw: `rows` rows of ggml blocks, raw_stride bytes apart; cols values per row -> out [rows, cols] contiguous,
