@@ -156,7 +156,7 @@ def record_gguf_types(model: nn.Module) -> None:
         param = module._parameters.get("weight")
         if param is None:
             continue
-        from kernelcore.models.loader import default_weight_loader
+        from kernelcore.layers.linear import default_weight_loader
 
         inner = getattr(param, "weight_loader", default_weight_loader)
 
