@@ -38,8 +38,7 @@ def _dequant_linear(kernel: GGUFKernel, x: torch.Tensor, layer: GGUFPart, bias: 
     for start in range(0, num_out, step):
         rows = min(step, num_out - start)
         kernel.dequantize(raw[start:start + rows], layer.gguf_type, tile[:rows])
-        torch.mm(xd, tile[:rows].t(), out=y[:, start:start + rows]) if rows == num_out else \
-            y[:, start:start + rows].copy_(torch.mm(xd, tile[:rows].t()))
+        y[:, start:start + rows] = xd @ tile[:rows].t()
     if bias is not None:
         y += bias.to(dtype)
     return y.to(x.dtype)
@@ -49,6 +48,7 @@ class CpuGGUFMethod(GGUFBlocksMethod):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         kernel = load_gguf_kernel()
         self.kernel = kernel if kernel is not None and kernel.supports(cast(GGUFPart, layer).gguf_type) else None
+        self.allow_int = bool(envs.KC_CPU_GGUF_INT_DOT)  # read once: apply is on every decode step
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         kernel, part = self.kernel, cast(GGUFPart, layer)
@@ -56,7 +56,7 @@ class CpuGGUFMethod(GGUFBlocksMethod):
             return super().apply(layer, x, bias)
         x2 = x.reshape(-1, x.shape[-1])
         how = kernel.choose(part.gguf_type, x2.shape[0], part.output_size, part.input_size, dtype=x.dtype,
-                            allow_int=envs.KC_CPU_GGUF_INT_DOT)
+                            allow_int=self.allow_int)
         if how == "dequant":
             y = _dequant_linear(kernel, x2, part, bias)
         else:

@@ -70,15 +70,12 @@ class BlockStore:
         inner(typed.mask, torch.ones((), dtype=torch.bool).expand(full_rows, full_cols // values), *args)
 
     def mark_float(self, inner: Callable[..., None], tensor: torch.Tensor, args: tuple) -> None:
-        rows = tensor.shape[0]
-        marker = torch.ones((), dtype=torch.bool).expand(rows, *([1] * (tensor.dim() - 1)))
-        if tensor.dim() == 2 and self.cols != tensor.shape[1]:  # a row-parallel loader narrows dim 1 too
-            marker = torch.ones((), dtype=torch.bool).expand(rows, tensor.shape[1] // self.cols)
-            mask = torch.zeros(self.rows, 1, dtype=torch.bool)
-        else:
-            mask = torch.zeros(self.rows, *([1] * (tensor.dim() - 1)), dtype=torch.bool)
+        """Record the rows a float tensor fills: the loader's narrowing on a zero-memory marker, one column per
+        rank's share of the tensor's columns (a row-parallel loader narrows dim 1 too)."""
+        marker = torch.ones((), dtype=torch.bool).expand(tensor.shape[0], max(1, tensor.shape[-1] // self.cols))
+        mask = torch.zeros(self.rows, 1, dtype=torch.bool)
         inner(mask, marker, *args)
-        self.float_mask |= mask.reshape(self.rows, -1).any(dim=1, keepdim=True)
+        self.float_mask |= mask
 
 
 class GGUFPart(nn.Module):
@@ -152,12 +149,12 @@ def record_gguf_types(model: nn.Module) -> None:
     """Wrap every weight's weight_loader for a GGUF checkpoint: each module learns the GGUF types its weight was
     loaded from (``module.gguf_types``; a fused qkv/gate_up weight collects every part's type), and stored blocks
     go to the parameter's :class:`BlockStore` where the module's method computes with blocks, else to float."""
+    from kernelcore.layers.linear import default_weight_loader
+
     for module in model.modules():
         param = module._parameters.get("weight")
         if param is None:
             continue
-        from kernelcore.layers.linear import default_weight_loader
-
         inner = getattr(param, "weight_loader", default_weight_loader)
 
         def loader(p, tensor, *args, _inner=inner, _module=module, _param=param):
