@@ -119,6 +119,7 @@ class LoraConfig:
 @dataclass
 class DecodingConfig:
     structured_outputs_backend: str = "auto"  # "auto" or a registered grammar-backend name
+    structured_outputs_compact_whitespace: bool = False  # constrained JSON without whitespace between tokens
 
 
 @dataclass

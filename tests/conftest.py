@@ -58,3 +58,22 @@ def _live_environment():
     envs.unfreeze()
     yield
     envs.unfreeze()
+
+
+SMOLLM2_API_KEY = "sk-smollm2-test"
+
+
+@pytest.fixture(scope="session")
+def smollm2_server():
+    """One `kc serve` of the real SmolLM2-135M-Instruct (Q4_1 GGUF) for every API family's tests in the run:
+    hermes tool calls on, ``--api-key SMOLLM2_API_KEY``. Yields its base URL (``http://127.0.0.1:PORT``)."""
+    import real_models
+    from test_server_e2e import start_server, stop_server
+
+    path = real_models.real_model("smollm2-135m-instruct-q4_1")
+    proc, url = start_server(path, "--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser",
+                             "hermes", "--api-key", SMOLLM2_API_KEY, "--served-model-name", "smollm2")
+    try:
+        yield url
+    finally:
+        stop_server(proc)

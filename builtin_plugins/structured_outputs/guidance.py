@@ -12,7 +12,7 @@ import llguidance.torch
 import torch
 
 from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
-from kernelcore.structured_output.params import StructuredOutputsParams
+from kernelcore.structured_output.params import MAX_JSON_WHITESPACE, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -51,7 +51,9 @@ class GuidanceBackend(StructuredOutputBackend):
 
     def grammar(self, params: StructuredOutputsParams) -> str:
         kind = params.kind
-        options: JsonCompileOptions = {"whitespace_flexible": False}
+        options: JsonCompileOptions = {"whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{MAX_JSON_WHITESPACE}}}"}
+        if params.compact_whitespace:
+            options = {"whitespace_flexible": False}
         if params.whitespace_pattern:
             options = {"whitespace_pattern": params.whitespace_pattern}
         if kind == "json":

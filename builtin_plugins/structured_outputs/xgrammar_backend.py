@@ -9,7 +9,7 @@ import torch
 import xgrammar as xgr
 
 from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
-from kernelcore.structured_output.params import StructuredOutputsParams
+from kernelcore.structured_output.params import MAX_JSON_WHITESPACE, StructuredOutputsParams
 
 
 class XGrammarMatcher(GrammarMatcher):
@@ -31,6 +31,12 @@ class XGrammarMatcher(GrammarMatcher):
         self.matcher.rollback(num_tokens)
 
 
+def _whitespace(params: StructuredOutputsParams) -> dict[str, Any]:
+    if params.compact_whitespace:
+        return {"any_whitespace": False}
+    return {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+
+
 class XGrammarBackend(StructuredOutputBackend):
     name = "xgrammar"
 
@@ -42,9 +48,9 @@ class XGrammarBackend(StructuredOutputBackend):
         kind = params.kind
         try:
             if kind == "json":
-                return self.compiler.compile_json_schema(params.text("json"), any_whitespace=False)
+                return self.compiler.compile_json_schema(params.text("json"), **_whitespace(params))
             if kind == "json_object":
-                return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+                return self.compiler.compile_json_schema('{"type": "object"}', **_whitespace(params))
             if kind == "regex":
                 return self.compiler.compile_regex(params.text("regex"))
             if kind == "choice":

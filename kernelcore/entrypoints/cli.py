@@ -82,7 +82,8 @@ def _mount_optional() -> None:
     import importlib
 
     for module_name, attr in (("kernelcore.entrypoints.serve", "serve_cmd"), ("kernelcore.entrypoints.client_cmds", "chat_cmd"),
-                              ("kernelcore.entrypoints.client_cmds", "complete_cmd"), ("kernelcore.entrypoints.bench", "bench_cmd")):
+                              ("kernelcore.entrypoints.client_cmds", "complete_cmd"), ("kernelcore.entrypoints.bench", "bench_cmd"),
+                              ("kernelcore.entrypoints.run_batch", "run_batch_cmd")):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

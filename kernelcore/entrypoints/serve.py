@@ -138,6 +138,9 @@ def _opt(*names: str, env: str, **kwargs: Any):
       help="Let every installed plugin add HTTP routes.")
 @_opt("--endpoint-plugins", env="KC_ENDPOINT_PLUGINS", default=None, show_default=False,
       help="Comma-separated plugin names allowed to add HTTP routes (independent of KC_PLUGINS).")
+@_opt("--disable-endpoint-plugins", env="KC_DISABLE_ENDPOINT_PLUGINS", default=None, show_default=False,
+      help="Comma-separated endpoint plugins to switch off, built-in ones included "
+           "(`kc plugins` lists them).")
 @_opt("--enable-lora", env="KC_ENABLE_LORA", is_flag=True, default=False, help="Serve LoRA adapters.")
 @_opt("--max-loras", env="KC_MAX_LORAS", type=int, default=None, help="Most adapters in one engine step [default: 4].")
 @_opt("--max-lora-rank", env="KC_MAX_LORA_RANK", type=int, default=None, help="Largest adapter rank [default: 16].")
@@ -159,6 +162,10 @@ def _opt(*names: str, env: str, **kwargs: Any):
 @_opt("--structured-outputs-backend", env="KC_STRUCTURED_OUTPUTS_BACKEND", default="auto",
       help="Grammar backend for response_format, structured_outputs, guided_* and forced tool calls: 'auto' "
            "(the first installed backend that supports the request) or a backend name (see `kc plugins`).")
+@_opt("--structured-outputs-compact-whitespace", env="KC_STRUCTURED_OUTPUTS_COMPACT_WHITESPACE", is_flag=True,
+      default=False, help="Constrained JSON with no whitespace between tokens. By default a model may put up to "
+                          "16 whitespace characters wherever JSON allows (compact output degrades many models' "
+                          "answers); a request asks for compact JSON with structured_outputs.disable_any_whitespace.")
 @_opt("--enable-auto-tool-choice", env="KC_ENABLE_AUTO_TOOL_CHOICE", is_flag=True, default=False,
       help='Serve tool_choice "auto": the model writes calls in its own format, --tool-call-parser extracts them.')
 @_opt("--tool-call-parser", env="KC_TOOL_CALL_PARSER", default=None,
@@ -191,12 +198,13 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               trust_request_chat_template: bool, allow_special_tokens_in_content: bool, max_choices: int,
               response_role: str, served_model_name: str | None,
               api_key: str | None, enable_prefix_caching: bool | None, seed: int | None, enforce_eager: bool,
-              enable_endpoint_plugins: bool, endpoint_plugins: str | None, enable_lora: bool, max_loras: int | None,
+              enable_endpoint_plugins: bool, endpoint_plugins: str | None,
+              disable_endpoint_plugins: str | None, enable_lora: bool, max_loras: int | None,
               max_lora_rank: int | None,
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, request_read_timeout: float,
-              structured_outputs_backend: str, enable_auto_tool_choice: bool, tool_call_parser: str | None,
+              structured_outputs_backend: str, structured_outputs_compact_whitespace: bool, enable_auto_tool_choice: bool, tool_call_parser: str | None,
               reasoning_parser: str | None, shutdown_timeout: float, default_max_tokens: int | None,
               metrics_prefix: str, web_console: bool, **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory or a .gguf file; default: the embedded demo model) over an
@@ -253,6 +261,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
             data_parallel_address=data_parallel_address if dp_remote else None,
             data_parallel_rpc_port=data_parallel_rpc_port if dp_remote else None,
             structured_outputs_backend=structured_outputs_backend,
+            structured_outputs_compact_whitespace=structured_outputs_compact_whitespace or None,
             tokenizer=os.path.abspath(tokenizer) if tokenizer else None)
     except GGUFError as exc:  # e.g. a tensor type no quantization method loads: refused before anything starts
         raise click.ClickException(str(exc)) from None
@@ -284,6 +293,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
         allow_special_tokens_in_content=allow_special_tokens_in_content, response_role=response_role,
         enable_endpoint_plugins=enable_endpoint_plugins,
         endpoint_plugins=[n.strip() for n in (endpoint_plugins or "").split(",") if n.strip()], lora_modules=lora_modules,
+        disabled_endpoint_plugins=[n.strip() for n in (disable_endpoint_plugins or "").split(",") if n.strip()],
         allow_runtime_lora_updating=allow_runtime_lora_updating, lora_root=lora_root,
         enable_auto_tool_choice=enable_auto_tool_choice, tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,

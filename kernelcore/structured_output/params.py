@@ -8,6 +8,9 @@ from typing import Any
 import msgspec
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# Whitespace characters allowed in one gap of constrained JSON: room for any indentation a model uses, and a
+# bound on a model that would otherwise emit whitespace until max_tokens.
+MAX_JSON_WHITESPACE = 16
 
 
 class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -19,6 +22,9 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     choice: list[str] | None = None
     grammar: str | None = None  # a Lark grammar (or whatever the chosen backend documents)
     whitespace_pattern: str | None = None
+    # JSON with no whitespace between tokens; by default a model may put up to MAX_JSON_WHITESPACE whitespace
+    # characters wherever JSON allows them (compact output degrades many models' answers).
+    compact_whitespace: bool = False
     backend: str | None = None  # the backend that validated it (set by the front end); None = choose again
     # Constraint starts after these tokens appear in the output (a reasoning model's end-of-thinking marker).
     start_after_token_ids: list[int] | None = None
@@ -45,7 +51,7 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     @property
     def cache_key(self) -> tuple:
         """Equal keys compile to the same grammar: the cache is keyed by it."""
-        return (self.kind, self.source, self.whitespace_pattern)
+        return (self.kind, self.source, self.whitespace_pattern, self.compact_whitespace)
 
     def text(self, kind: str) -> str:
         """The constraint text of ``kind`` ("json", "regex" or "grammar"), which must be this constraint's kind."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kernelcore.entrypoints.server.errors import APIError, error_response
+from kernelcore.entrypoints.server.errors import APIError, route_error_response
 from kernelcore.entrypoints.server.state import (STATE, ServerOptions, ServerState, base_request_id,  # noqa: F401
                                                  get_state, read_json)
 
@@ -25,18 +25,18 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         response = await handler(request)
     except APIError as exc:
-        return error_response(exc, headers)
+        return route_error_response(request, exc, headers)
     except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(APIError(f"Request body too large: {exc.text}", 413), headers)
+        return route_error_response(request, APIError(f"Request body too large: {exc.text}", 413), headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(APIError(exc.reason, exc.status), headers)
+        return route_error_response(request, APIError(exc.reason, exc.status), headers)
     except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
         logger.exception("Unhandled error in %s %s", request.method, request.path)
-        return error_response(APIError("Internal server error", 500), headers)
+        return route_error_response(request, APIError("Internal server error", 500), headers)
     if headers and not response.prepared:
         response.headers.update(headers)
     return response
@@ -50,15 +50,18 @@ def is_public_page(state: ServerState, path: str) -> bool:
 
 
 def is_authorized(request: web.Request, key: str) -> bool:
-    """``Authorization: Bearer <key>``, the scheme case-insensitive, the key compared in constant time.
+    """``Authorization: Bearer <key>`` (the scheme case-insensitive) or ``x-api-key: <key>`` (Anthropic's
+    clients), the key compared in constant time.
 
     Header values arrive as str with undecodable bytes kept as surrogates; they are compared as the
     bytes they were, so no header value can raise here.
     """
-    scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
     expected = key.encode("utf-8", "surrogateescape")
+    scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
     given_bytes = given.strip().encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given_bytes, expected) and scheme.lower() == "bearer"
+    bearer_ok = hmac.compare_digest(given_bytes, expected) and scheme.lower() == "bearer"
+    x_api_key = request.headers.get("x-api-key", "").strip().encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(x_api_key, expected) or bearer_ok
 
 
 @web.middleware
@@ -67,8 +70,9 @@ async def guard_middleware(request: web.Request, handler) -> web.StreamResponse:
     key = state.options.api_key
     if (key is not None and request.path not in OPEN_PATHS and not is_public_page(state, request.path)
             and not is_authorized(request, key)):
-        return error_response(APIError("Invalid or missing API key: send 'Authorization: Bearer <key>'", 401),
-                              {"WWW-Authenticate": "Bearer"})
+        return route_error_response(request, APIError("Invalid or missing API key: send 'Authorization: Bearer "
+                                                      "<key>' or 'x-api-key: <key>'", 401),
+                                    {"WWW-Authenticate": "Bearer"})
     if request.content_length is not None and request.content_length > state.options.max_body_bytes:
         raise APIError(f"Request body too large: {request.content_length} bytes (at most "
                        f"{state.options.max_body_bytes})", 413)
@@ -84,16 +88,33 @@ async def guard_middleware(request: web.Request, handler) -> web.StreamResponse:
         state.in_flight_changed.set()
 
 
+def _builtin_names() -> set[str]:
+    from kernelcore import plugins
+
+    return {record.name for record in plugins.records() if record.is_builtin}
+
+
 async def register_endpoint_plugins(app: web.Application, engine: Any, enabled: bool,
-                                   names: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """Call each enabled plugin's ``register_endpoints``; a failing one is logged by name and skipped."""
+                                   names: list[str] | tuple[str, ...] = (),
+                                   disabled: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Call each enabled plugin's ``register_endpoints``; a failing one is logged by name and skipped.
+
+    Plugins shipped with kernelcore are on unless named in ``disabled``; a third party's only when named in
+    ``names`` or when ``enabled`` lets every plugin in.
+    """
     from kernelcore import envs, plugins
 
     legacy = set(envs.KC_PLUGINS or [])
+    builtin = _builtin_names()
     registered = []
     for impl in plugins.get_plugin_manager().hook.register_endpoints.get_hookimpls():
         name = impl.plugin_name
-        if name in legacy and not (enabled or name in names):
+        if name in disabled:
+            logger.info("Endpoint plugin %r is switched off (--disable-endpoint-plugins)", name)
+            continue
+        if name in builtin:
+            pass
+        elif name in legacy and not (enabled or name in names):
             logger.warning("Endpoint plugin %r is enabled by KC_PLUGINS, which is deprecated for this and will stop "
                            "in kernelcore 0.3: use KC_ENDPOINT_PLUGINS=%s (KC_PLUGINS also disables every other "
                            "third-party plugin)", name, name)
@@ -111,6 +132,10 @@ async def register_endpoint_plugins(app: web.Application, engine: Any, enabled: 
             continue
         logger.info("Endpoint plugin %r registered its routes", name)
         registered.append(name)
+    unknown = sorted(set(disabled) - {impl.plugin_name for impl in
+                                      plugins.get_plugin_manager().hook.register_endpoints.get_hookimpls()})
+    if unknown:
+        logger.warning("--disable-endpoint-plugins names no endpoint plugin: %s", ", ".join(unknown))
     return registered
 
 
@@ -156,5 +181,6 @@ async def create_app(engine: Any, options: ServerOptions, stat_logger: Any = Non
         from kernelcore.entrypoints.server import console
 
         console.add_routes(app)
-    await register_endpoint_plugins(app, engine, options.enable_endpoint_plugins, options.endpoint_plugins)
+    await register_endpoint_plugins(app, engine, options.enable_endpoint_plugins, options.endpoint_plugins,
+                                   options.disabled_endpoint_plugins)
     return app

@@ -27,6 +27,7 @@ class ServerOptions:
     response_role: str = "assistant"
     enable_endpoint_plugins: bool = False  # every plugin's register_endpoints runs
     endpoint_plugins: list[str] = field(default_factory=list)  # plugin names whose register_endpoints runs
+    disabled_endpoint_plugins: list[str] = field(default_factory=list)  # never run, built-in ones included
     lora_modules: dict[str, str] = field(default_factory=dict)  # --lora-modules name=path (needs enable_lora)
     allow_runtime_lora_updating: bool = False  # load/unload endpoints and resolver lookups
     lora_root: str | None = None  # where runtime lora_path may point (--lora-root, else KC_LORA_RESOLVER_DIR)

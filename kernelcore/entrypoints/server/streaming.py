@@ -7,7 +7,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -141,32 +141,31 @@ def check_not_aborted(output: CompletionOutput) -> None:
         raise APIError("The request was aborted by the engine", 503)
 
 
-class SSEWriter:
-    """``data: <json>\\n\\n`` events, ending with ``data: [DONE]``; a write to a closed socket raises ConnectionError."""
-
-    def __init__(self, request: web.Request, headers: dict[str, str]) -> None:
-        self.request = request
-        self.response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                                    **headers})
-
-    async def start(self) -> None:
-        await self.response.prepare(self.request)
-
-    async def send(self, payload: dict[str, Any]) -> None:
-        await self.response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
-
-    async def finish(self) -> web.StreamResponse:
-        await self.response.write(b"data: [DONE]\n\n")
-        await self.response.write_eof()
-        return self.response
+def sse_data(payload: dict[str, Any]) -> bytes:
+    """One ``data: <json>`` Server-Sent Event."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def stream_events(request: web.Request, headers: dict[str, str],
-                        events: AsyncGenerator[dict[str, Any], None]) -> web.StreamResponse:
-    """Send each event; a failure after the first byte becomes an SSE error event, then ``[DONE]``.
+def sse_event(name: str, payload: dict[str, Any]) -> bytes:
+    """One ``event: <name>`` / ``data: <json>`` Server-Sent Event (Responses and Anthropic streams)."""
+    return f"event: {name}\n".encode() + sse_data(payload)
 
-    The first event is awaited before the headers go out, so an engine that is dead or rejects the
-    request still gets a plain JSON error with its status.
+
+def ndjson_line(payload: dict[str, Any]) -> bytes:
+    """One line of newline-delimited JSON (Ollama streams)."""
+    return json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+
+
+async def stream_response(request: web.Request, events: AsyncGenerator[Any, None], encode: Callable[[Any], bytes],
+                          *, content_type: str = "text/event-stream", headers: dict[str, str] | None = None,
+                          error_event: Callable[[APIError], Any] | None = None,
+                          trailer: bytes = b"") -> web.StreamResponse:
+    """Send each event as ``encode(event)``; a failure after the first byte becomes ``error_event(error)``.
+
+    The first event is awaited before the headers go out, so a request the engine rejects (or a dead
+    engine) still gets a plain HTTP error with its status, in the route's error shape. A client that
+    goes away stops the events, whose generators abort their engine requests. ``trailer`` ends the
+    body (``data: [DONE]`` for OpenAI streams).
     """
     try:
         first = await events.__anext__()
@@ -175,20 +174,32 @@ async def stream_events(request: web.Request, headers: dict[str, str],
     except Exception as exc:
         await events.aclose()
         raise engine_error(exc) from exc
-    writer = SSEWriter(request, headers)
-    await writer.start()
+    response = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache",
+                                           **(headers or {})})
+    await response.prepare(request)
     try:
         if first is not None:
-            await writer.send(first)
+            await response.write(encode(first))
         async for event in events:
-            await writer.send(event)
+            await response.write(encode(event))
     except (ConnectionError, asyncio.CancelledError):
         raise  # the client is gone: the generators' finally blocks abort the engine requests
     except Exception as exc:
         error = engine_error(exc)
         if error.status >= 500:
             logger.error("request failed mid-stream: %s", error.message)
-        await writer.send(error.to_dict())
+        if error_event is not None:
+            await response.write(encode(error_event(error)))
     finally:
         await events.aclose()
-    return await writer.finish()
+    if trailer:
+        await response.write(trailer)
+    await response.write_eof()
+    return response
+
+
+async def stream_events(request: web.Request, headers: dict[str, str],
+                        events: AsyncGenerator[dict[str, Any], None]) -> web.StreamResponse:
+    """An OpenAI stream: ``data: <json>`` events, an error as the envelope, then ``data: [DONE]``."""
+    return await stream_response(request, events, sse_data, headers=headers, error_event=APIError.to_dict,
+                                 trailer=b"data: [DONE]\n\n")

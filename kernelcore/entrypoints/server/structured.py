@@ -67,6 +67,11 @@ def _from_structured_outputs(value: Any) -> dict[str, Any]:
         spec["json"] = _schema(spec["json"], "structured_outputs.json")
     if value.get("whitespace_pattern") is not None:
         spec["whitespace_pattern"] = value["whitespace_pattern"]
+    if value.get("disable_any_whitespace") is not None:
+        if not isinstance(value["disable_any_whitespace"], bool):
+            raise bad_request("`structured_outputs.disable_any_whitespace` must be a boolean",
+                              "structured_outputs.disable_any_whitespace")
+        spec["compact_whitespace"] = value["disable_any_whitespace"]
     return spec
 
 
@@ -105,6 +110,8 @@ def parse_constraint(body: dict[str, Any]) -> StructuredOutputsParams | None:
         named = ", ".join(f"{field}:{k}" for field, k in kinds) or "none"
         raise bad_request(f"A request may carry exactly one output constraint, got {named}", sources[0][0])
     field, spec = next((f, s) for f, s in sources if kinds[0][1] in s)
+    for _, other in sources:  # options (whitespace) may come from another field than the constraint itself
+        spec.update({k: v for k, v in other.items() if k not in _KINDS and k not in spec})
     pattern = body.get("guided_whitespace_pattern")
     if pattern is not None and "whitespace_pattern" not in spec:
         spec["whitespace_pattern"] = pattern
@@ -136,6 +143,8 @@ class FrontEndGrammars:
         return self._compiler
 
     async def validate(self, params: StructuredOutputsParams, param: str) -> StructuredOutputsParams:
+        if getattr(self.engine.config.decoding, "structured_outputs_compact_whitespace", False):
+            params.compact_whitespace = True  # the server's default (a request may only make it stricter)
         compiler = self.compiler()
         try:
             backend, _ = await asyncio.to_thread(compiler.compile, params)

@@ -4,6 +4,7 @@ tool choice decodes under, and turning the constrained output back into `message
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,18 +53,42 @@ class ToolRequest:
         return StructuredOutputsParams(json=json.dumps(array))
 
     def calls_from_constrained(self, text: str) -> list[dict[str, Any]] | None:
-        """The calls in a named/required output, or None when it is not complete JSON (e.g. cut by max_tokens)."""
+        """The calls in a named/required output. One cut short (``max_tokens``) still gives its calls, the last
+        one's arguments as generated (so not always complete JSON), as vLLM does; None when not even a tool
+        name was generated."""
         if self.choice == "named":
-            try:
-                json.loads(text)
-            except ValueError:
-                return None
             return [tool_call(self.named_tool, text)]
         try:
             items = json.loads(text)
         except ValueError:
-            return None
+            return _partial_calls(text)
         return [tool_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+
+
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*(,\s*"parameters"\s*:\s*)?')
+
+
+def _partial_calls(text: str) -> list[dict[str, Any]] | None:
+    """The calls of a required-choice array cut short: ``[{"name": .., "parameters": {..}}, {"name": .., "para``.
+
+    The grammar fixes the shape (``name`` before ``parameters``), so complete items decode as JSON and the
+    last one is read up to where it stops.
+    """
+    decoder, calls = json.JSONDecoder(), []
+    pos = text.find("[") + 1
+    while pos > 0:
+        while pos < len(text) and (text[pos].isspace() or text[pos] == ","):
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            match = _NAME.match(text, pos)
+            if match is not None:
+                arguments = text[match.end():] if match.group(2) else ""
+                calls.append(tool_call(json.loads(match.group(1)), arguments))
+            break
+        calls.append(tool_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)))
+    return calls or None
 
 
 def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
@@ -97,9 +122,12 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Assistant tool calls with their JSON-string arguments decoded, as chat templates expect a mapping."""
+    """Messages as chat templates expect them: a null or absent ``content`` (an assistant turn that only calls
+    tools) as the empty string, and tool-call arguments (JSON text on the wire) decoded to a mapping."""
     out = []
     for message in messages:
+        if message.get("content") is None:
+            message = {**message, "content": ""}
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             decoded = []
