@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from kernelcore.contract import KernelcoreDeprecationWarning
 
 
 @dataclass
@@ -35,23 +33,6 @@ class CacheConfig:
     num_blocks: int | None = None  # set by the worker after profiling
     enable_prefix_caching: bool = True
     sliding_window: int | None = None  # from the model: no layer looks further back (older KV blocks are freed)
-    _block_size_user_set: bool = field(default=False, repr=False)  # behind the deprecated property below
-
-    @property
-    def is_block_size_user_set(self) -> bool:
-        """Deprecated (removed in contract 1.1): use ``KernelConfig.is_user_set("cache.block_size")``."""
-        _warn_block_size_user_set()
-        return self._block_size_user_set
-
-    @is_block_size_user_set.setter
-    def is_block_size_user_set(self, value: bool) -> None:
-        _warn_block_size_user_set()
-        self._block_size_user_set = value
-
-
-def _warn_block_size_user_set() -> None:
-    warnings.warn("CacheConfig.is_block_size_user_set is deprecated and will be removed in contract 1.1: use "
-                  "KernelConfig.is_user_set('cache.block_size')", KernelcoreDeprecationWarning, stacklevel=3)
 
 
 @dataclass

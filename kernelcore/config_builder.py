@@ -107,7 +107,6 @@ def build_config(**kwargs: Any) -> KernelConfig:
     plugin_options = dict(kwargs.pop("plugin_options", None) or {})
     user_set = frozenset(f"{section}.{name}" for section, cls in _SECTIONS for name in cls.__dataclass_fields__
                          if kwargs.get(name) is not None)
-    kwargs["_block_size_user_set"] = "cache.block_size" in user_set  # read only by the deprecated property
     model = ModelConfig(**_split(kwargs, ModelConfig))
     if model.quantization is not None:
         from kernelcore.quantization import check_quantization

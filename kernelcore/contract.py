@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-CONTRACT_VERSION: tuple[int, int] = (1, 0)
+CONTRACT_VERSION: tuple[int, int] = (1, 1)
 
 
 class ContractVersionError(RuntimeError):

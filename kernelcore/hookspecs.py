@@ -292,9 +292,16 @@ def register_endpoints(app: Any, engine: Any) -> Any:
     Call ``app.router.add_get(path, handler)`` (or any aiohttp router method);
     prefer a namespaced path (``/plugins/<name>/...``). A route that clashes
     with a core route makes the plugin fail. The routes sit behind the same
-    middlewares as the core ones (``--api-key``, error envelope).
+    middlewares as the core ones (``--api-key``, body limits, error envelope).
+    An API family with its own shapes builds on the shared request path:
+    :func:`kernelcore.entrypoints.server.generate.start_chat` turns an OpenAI
+    chat body into parsed choices or deltas with every check the core routes
+    make, and :func:`kernelcore.entrypoints.server.errors.set_error_format`
+    gives its paths its own error shape.
 
-    Off by default: only plugins named in ``--endpoint-plugins`` /
+    Endpoint plugins shipped with kernelcore (its built-in API families) are on
+    unless named in ``--disable-endpoint-plugins``. A third party's are off by
+    default: only plugins named in ``--endpoint-plugins`` /
     ``KC_ENDPOINT_PLUGINS`` (independent of the ``KC_PLUGINS`` allow-list), or
     every plugin with ``kc serve --enable-endpoint-plugins``, are called. A
     plugin that raises is skipped and logged with its name; the server still

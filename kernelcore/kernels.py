@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from kernelcore.contract import deprecated_names
 
 if TYPE_CHECKING:
     import torch
@@ -92,17 +91,6 @@ class KernelTable:
 
 
 kernel_table = KernelTable()
-
-
-def _trace_winners() -> Callable[[], None]:
-    from kernelcore import plugins
-
-    return plugins.trace_kernel_table
-
-
-# trace_winners moved: the core writes the kernel_table trace event at the end of every worker's start-up.
-__getattr__ = deprecated_names(__name__, {"trace_winners": ("kernelcore.plugins.trace_kernel_table", _trace_winners)},
-                               removed_in="1.1")
 
 
 # -- the named kernels: their contract and torch reference implementations ------------------------------

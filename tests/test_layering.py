@@ -106,9 +106,7 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-# The one edge that closes a circle on purpose: the deprecated kernelcore.kernels.trace_winners serves
-# kernelcore.plugins.trace_kernel_table until contract 1.1.
-KNOWN_EDGES = {("kernelcore.kernels", "kernelcore.plugins")}
+KNOWN_EDGES: set[tuple[str, str]] = set()  # edges that close a circle on purpose: none
 
 
 def test_plugin_loading_never_imports_platform_resolution():

@@ -179,8 +179,7 @@ def test_a_plugin_declares_its_own_environment_variable(monkeypatch):
     assert envs.OWNERS["KC_CPU_NATIVE_KERNELS"] == "cpu"  # the built-in plugins declare theirs the same way
 
 
-def test_trace_winners_still_works_with_a_deprecation_warning():
-    from kernelcore import kernels, plugins
+def test_names_deprecated_until_1_1_are_gone():
+    from kernelcore import config, kernels
 
-    with pytest.warns(contract.KernelcoreDeprecationWarning, match="kernelcore.plugins.trace_kernel_table"):
-        assert kernels.trace_winners is plugins.trace_kernel_table
+    assert not hasattr(kernels, "trace_winners") and not hasattr(config.CacheConfig(), "is_block_size_user_set")

@@ -179,3 +179,43 @@ def test_stream_error_before_first_output_is_plain_json():
     engine.tokenizer = type("Tok", (), {"chat_template": "{{ 'x' }}", "encode": lambda self, text, **kw: [1, 2],
                                         "apply_chat_template": lambda self, messages, **kw: "x"})()
     assert run(engine, ServerOptions(), body) == (500, "application/json")
+
+
+def _builtin_api_statuses(options):
+    from kernelcore import platforms
+
+    platforms.load_general_plugins()  # the built-in endpoint plugins, through their entry points
+
+    async def body(client):
+        auth = {"x-api-key": "k"}
+        version = await client.get("/api/version", headers=auth)
+        messages = await client.post("/v1/messages", json={}, headers=auth)
+        responses = await client.post("/v1/responses", json={}, headers=auth)
+        return version.status, messages.status, (await messages.json()).get("type"), responses.status
+
+    return run(FakeEngine(), options, body)
+
+
+def test_builtin_endpoint_plugins_are_on_by_default_and_each_can_be_switched_off():
+    # x-api-key (Anthropic's clients) is accepted as the key; the routes answer in their own error shapes.
+    assert _builtin_api_statuses(ServerOptions(api_key="k")) == (200, 400, "error", 400)
+    off = ServerOptions(api_key="k", disabled_endpoint_plugins=["ollama_api", "anthropic_messages"])
+    assert _builtin_api_statuses(off) == (404, 404, None, 400)
+
+
+def test_an_error_shape_is_the_routes_even_for_the_middlewares_401():
+    from kernelcore import platforms
+
+    platforms.load_general_plugins()
+
+    async def body(client):
+        anthropic = await client.post("/v1/messages", json={}, headers={"x-api-key": "wrong"})
+        ollama = await client.get("/api/tags")
+        openai = await client.get("/v1/models")
+        return [(r.status, await r.json()) for r in (anthropic, ollama, openai)]
+
+    (a_status, a_body), (o_status, o_body), (p_status, p_body) = run(FakeEngine(), ServerOptions(api_key="k"), body)
+    assert a_status == o_status == p_status == 401
+    assert a_body["type"] == "error" and a_body["error"]["type"] == "authentication_error"
+    assert isinstance(o_body["error"], str)
+    assert p_body["error"]["type"] == "AuthenticationError"

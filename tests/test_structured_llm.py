@@ -18,6 +18,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "ok": {"type": "boolean"}},
           "required": ["name", "n", "ok"], "additionalProperties": False}
 PROMPT = "Hello, my name is"
+# Random weights: JSON constraints here are compact, or a model with no preference may spend its tokens on the
+# whitespace the default allows (tests/test_chat_agent_loop_real.py checks that default on a real model).
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,8 @@ def llm():
 
 def test_constraints_in_a_mixed_batch(llm):
     plain = SamplingParams(temperature=0, max_tokens=12)
-    params = [SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputsParams(json=SCHEMA)),
+    params = [SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputsParams(json=SCHEMA,
+                                                                                         compact_whitespace=True)),
               plain,
               SamplingParams(temperature=0.9, seed=2, n=2, max_tokens=20, structured_outputs={"regex": "[a-c]{2,5}"}),
               SamplingParams(temperature=0, max_tokens=20, structured_outputs={"choice": ["yes", "no", "maybe"]}),
@@ -53,7 +56,7 @@ def test_preemption_keeps_constrained_output_valid():
     try:
         schema = {"type": "array", "items": {"enum": ["apple", "pear", "fig"]}, "minItems": 20, "maxItems": 20}
         params = SamplingParams(temperature=0.8, seed=1, max_tokens=200,
-                                structured_outputs=StructuredOutputsParams(json=schema))
+                                structured_outputs=StructuredOutputsParams(json=schema, compact_whitespace=True))
         outputs = llm.generate([f"{PROMPT} {i}" for i in range(6)], params, use_tqdm=False)
         assert llm.engine_core.scheduler.num_preemptions_total > 0
         for out in outputs:
@@ -79,7 +82,7 @@ def test_bad_grammar_fails_alone_and_unconstrained_costs_nothing(llm):
 def test_chat_with_tools_offline(llm):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
     params = SamplingParams(temperature=0, max_tokens=30, structured_outputs={"json": {
-        "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"], "additionalProperties": False}})
+        "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"], "additionalProperties": False}, "compact_whitespace": True})
     out = llm.chat([{"role": "user", "content": "call f"}], params, use_tqdm=False, tools=tools)[0].outputs[0]
     assert json.loads(out.text)["x"] in (1, 2)
 
@@ -111,7 +114,8 @@ def test_mixed_with_lora_and_tensor_parallel(tmp_path):
             llm = LLM(max_model_len=256, tensor_parallel_size=2, enable_lora=True, kv_cache_memory=1 << 24)
             lora = LoRARequest("a", 1, {adapter!r})
             plain = SamplingParams(temperature=0, max_tokens=10)
-            constrained = SamplingParams(temperature=0, max_tokens=60, structured_outputs={{"json": {SCHEMA!r}}})
+            constrained = SamplingParams(temperature=0, max_tokens=60, structured_outputs={{"json": {SCHEMA!r},
+                                                                                      "compact_whitespace": True}})
             prompts = ["Hello, my name is", "Once upon a time", "The capital of France"]
             alone = [llm.generate([p], plain, use_tqdm=False, lora_request=l)[0].outputs[0].text
                      for p, l in ((prompts[0], None), (prompts[1], lora))]

@@ -94,30 +94,6 @@ def test_platform_chooses_the_default_dtype_and_the_users_choice_stays(tmp_path)
     assert json.loads(out.splitlines()[-1])[0] == "float32"
 
 
-DEPRECATED_FLAG = """
-    import json, sys, warnings
-    sys.path.insert(0, "tests")
-    from kernelcore.contract import KernelcoreDeprecationWarning
-    warnings.simplefilter("error", KernelcoreDeprecationWarning)  # building a config reads no deprecated name
-    from kernelcore.config_builder import build_config
-    from conftest_models import make_llama_checkpoint
-    path = make_llama_checkpoint({path!r})
-    default, chosen = build_config(model=path), build_config(model=path, block_size=16)
-    warnings.simplefilter("always", KernelcoreDeprecationWarning)
-    with warnings.catch_warnings(record=True) as caught:
-        flags = [default.cache.is_block_size_user_set, chosen.cache.is_block_size_user_set]
-    print(json.dumps([flags, default.cache.block_size, [str(w.message) for w in caught]]))
-"""
-
-
-def test_is_block_size_user_set_warns_when_read_and_nothing_else_reads_it(tmp_path):
-    proc = run_python(DEPRECATED_FLAG.format(path=str(tmp_path / "m")), KC_DUMMY_DEVICE="1", KC_DUMMY_BLOCK_SIZE="32")
-    flags, block_size, messages = json.loads(proc.stdout.splitlines()[-1])
-    assert flags == [False, True] and block_size == 32
-    assert len(messages) == 2 and all("is_user_set('cache.block_size')" in m for m in messages)
-    assert "KernelcoreDeprecationWarning" not in proc.stderr
-
-
 def test_validate_environ_refusal_is_one_line_naming_plugin_distribution_and_hook():
     proc = run_kc("serve", "--port", "0", check=False, KC_DUMMY_DEVICE="1", KC_DUMMY_DRIVER="missing")
     assert proc.returncode == 1

@@ -32,7 +32,7 @@ SERVE_PARAMS = (
     "allow_special_tokens_in_content", "max_choices", "response_role", "served_model_name", "enable_prefix_caching",
     "seed", "enforce_eager", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules",
     "max_request_body_bytes", "max_n", "max_logprobs", "max_stop_strings", "max_stop_string_length", "max_prompts",
-    "structured_outputs_backend", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
+    "structured_outputs_backend", "structured_outputs_compact_whitespace", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
     "default_max_tokens")
 
 
@@ -112,7 +112,7 @@ def _build(o: dict[str, Any]) -> tuple[Any, Any]:
     from kernelcore.config_builder import build_config
     from kernelcore.engine.tokenizer import TokenizerError, try_get_tokenizer
     from kernelcore.entrypoints.server.app import ServerOptions
-    from kernelcore.entrypoints.server.chat import load_chat_template
+    from kernelcore.entrypoints.server.chat_template import load_chat_template
     from kernelcore.entrypoints.server.protocol import Limits
     from kernelcore.models.gguf_checkpoint import GGUFError
 
@@ -132,7 +132,8 @@ def _build(o: dict[str, Any]) -> tuple[Any, Any]:
     engine_keys = ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "dtype", "quantization",
                    "num_threads", "hf_overrides", "tensor_parallel_size", "pipeline_parallel_size",
                    "data_parallel_size", "distributed_executor_backend", "seed", "enable_prefix_caching",
-                   "served_model_name", "max_loras", "max_lora_rank", "max_cpu_loras", "structured_outputs_backend")
+                   "served_model_name", "max_loras", "max_lora_rank", "max_cpu_loras", "structured_outputs_backend",
+                   "structured_outputs_compact_whitespace")
     platform_options = {k: v for k, v in o.items() if k not in SERVE_PARAMS}
     try:
         config = build_config(

@@ -212,7 +212,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
     """
     from kernelcore.config_builder import build_config
     from kernelcore.entrypoints.server.app import ServerOptions
-    from kernelcore.entrypoints.server.chat import load_chat_template
+    from kernelcore.entrypoints.server.chat_template import load_chat_template
     from kernelcore.entrypoints.server.protocol import Limits
 
     try:

@@ -129,7 +129,11 @@ async def prepare_chat_output(state: Any, req: Any, body: dict[str, Any]):
 
             raise bad_request("A named or required `tool_choice` cannot be combined with another output "
                               "constraint (response_format, structured_outputs, guided_*)", "tool_choice")
+        from kernelcore.entrypoints.server.structured import constraint_options
+
         req.structured, param = tools.constraint(), "tools"
+        for key, value in constraint_options(body).items():
+            setattr(req.structured, key, value)
     if req.structured is not None:
         if reasoning_parser is not None and reasoning_parser.starts_inside:
             # The output opens inside the thinking: the constraint applies once it ends.

@@ -19,6 +19,8 @@ from typing import Any, AsyncGenerator
 from aiohttp import web
 
 from kernelcore.entrypoints.server.chat_output import ChoiceOutput, prepare_chat_output
+from kernelcore.entrypoints.server.chat_template import chat_prompt_ids
+from kernelcore.entrypoints.server.completions import engine_prompt
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.preprocess import check_text_fits, run_preprocess
 from kernelcore.entrypoints.server.protocol import GenerateRequest, parse_chat_request, parse_completion_request
@@ -139,9 +141,6 @@ async def start_chat(request: web.Request, body: Any, *, id_prefix: str = "chatc
     ``count_only``: only the prompt is wanted (token counting): no output constraint is compiled and no
     room for an answer is required. Raises ``APIError`` for anything the request may not ask.
     """
-    from kernelcore.entrypoints.server.chat import chat_prompt_ids
-    from kernelcore.entrypoints.server.completions import engine_prompt
-
     state = get_state(request)
     engine = state.engine
     req = parse_chat_request(body, state.options.limits, engine.vocab_size)
@@ -166,8 +165,6 @@ async def start_completion(request: web.Request, body: Any, *, id_prefix: str = 
     Without ``max_tokens`` the answer may fill the rest of the context (``--default-max-tokens`` caps it), not
     the completions API's 16. The choices' ``content`` is the generated text.
     """
-    from kernelcore.entrypoints.server.completions import engine_prompt
-
     state = get_state(request)
     engine = state.engine
     req = parse_completion_request(body, state.options.limits, engine.vocab_size)

@@ -106,6 +106,8 @@ def parse_constraint(body: dict[str, Any]) -> StructuredOutputsParams | None:
     if not sources:
         return None
     kinds = [(field, k) for field, spec in sources for k in spec if k in _KINDS]
+    if not kinds and all(field == "structured_outputs" for field, _ in sources):
+        return None  # options only (whitespace): they apply to a tool choice's constraint, see constraint_options
     if len(kinds) != 1:
         named = ", ".join(f"{field}:{k}" for field, k in kinds) or "none"
         raise bad_request(f"A request may carry exactly one output constraint, got {named}", sources[0][0])
@@ -122,6 +124,15 @@ def parse_constraint(body: dict[str, Any]) -> StructuredOutputsParams | None:
         return StructuredOutputsParams(**spec)
     except (TypeError, ValueError) as exc:
         raise bad_request(str(exc), field) from None
+
+
+def constraint_options(body: dict[str, Any]) -> dict[str, Any]:
+    """The whitespace options of ``structured_outputs`` (for a constraint the request does not spell itself,
+    such as a named or required tool choice's)."""
+    value = body.get("structured_outputs")
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in _from_structured_outputs(value).items() if k not in _KINDS}
 
 
 class FrontEndGrammars:

@@ -24,7 +24,7 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    from kernelcore.entrypoints.server.chat import render_chat, resolve_template
+    from kernelcore.entrypoints.server.chat_template import render_chat, resolve_template
     from kernelcore.entrypoints.server.protocol import _check_tools, _parse_messages
 
     state = get_state(request)
