@@ -147,6 +147,11 @@ def test_endpoint_plugin_enabled_apart_from_the_allow_list_on_the_vendor_platfor
         url = f"http://127.0.0.1:{port}"
         assert requests.get(url + "/plugins/dummy/info", timeout=60).json() == {"platform": "DummyDevice",
                                                                                  "block_size": 32}
+        # A vendor's own API family on the shared request path: the chat path's answer, its own error shape.
+        answer = requests.post(url + "/plugins/dummy/ask", json={"q": "hello", "max_tokens": 5}, timeout=300)
+        assert answer.status_code == 200 and answer.json()["tokens"] == 5 and answer.json()["finish"] == "length"
+        refused = requests.post(url + "/plugins/dummy/ask", json={"q": "hello", "max_tokens": -1}, timeout=60)
+        assert refused.status_code == 400 and "max_tokens" in refused.json()["problem"]
         body = {"prompt": "hello world", "max_tokens": 40, "temperature": 0}
         reply = requests.post(url + "/v1/completions", json=body, timeout=300)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] > 0

@@ -21,7 +21,7 @@ from aiohttp import web
 from kernelcore.entrypoints.server.chat_output import ChoiceOutput, prepare_chat_output
 from kernelcore.entrypoints.server.chat_template import chat_prompt_ids
 from kernelcore.entrypoints.server.completions import engine_prompt
-from kernelcore.entrypoints.server.errors import bad_request
+from kernelcore.entrypoints.server.errors import APIError, bad_request
 from kernelcore.entrypoints.server.preprocess import check_text_fits, run_preprocess
 from kernelcore.entrypoints.server.protocol import GenerateRequest, parse_chat_request, parse_completion_request
 from kernelcore.entrypoints.server.state import ServerState, get_state
@@ -97,7 +97,16 @@ class ChatRun:
         return results
 
     async def stream(self) -> AsyncGenerator[ChoiceDelta, None]:
-        """Deltas as the engine produces them. Engine errors raise (an ``APIError`` for the client)."""
+        """Deltas as the engine produces them. Engine errors raise as the ``APIError`` the client sees."""
+        try:
+            async for delta in self._stream():
+                yield delta
+        except APIError:
+            raise
+        except Exception as exc:
+            raise engine_error(exc) from exc
+
+    async def _stream(self) -> AsyncGenerator[ChoiceDelta, None]:
         states = [ChoiceState() for _ in range(self.req.n)]
         outputs = [self._new_output() for _ in range(self.req.n)]
         counts: dict[int, int] = {}
