@@ -4,8 +4,8 @@ Every supported type: dequantize bit-exact in float32 (bfloat16: those values ro
 float32-accumulation bound of a float64 product of the dequantized weight, and the integer-dot matmul within the
 bound of its int8 activations (llama.cpp's Q8_0 / Q8_K scheme: one scale amax / 127 per 32 or 256 values).
 Blocks are valid: quantized from random floats by gguf.quants.quantize where gguf-py can, else random bytes with
-finite float16 scale fields; plus a few tensors of each type of two real GGUF files ($KC_REAL_MODELS_DIR,
-default /tmp/models; skipped only when a file is absent).
+finite float16 scale fields; plus a few tensors of each type of two real GGUF files (the kc pull cache, tests/real_models.py: fetched once,
+a failure without them).
 
 The bounds, for y = sum_k x_k w_k over K values, S = sum_k |x_k| |w_k| and u = 2^-24:
   float:  |err| <= (K / 16 + 32) u S. Each of 16 lanes sums K / 16 exact-input products with FMAs, then the
@@ -21,7 +21,6 @@ The bounds, for y = sum_k x_k w_k over K values, S = sum_k |x_k| |w_k| and u = 2
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from pathlib import Path
 from typing import Any, cast
@@ -46,7 +45,7 @@ FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0
 # The float16 field of the min / offset part (zeroed: the d part alone; the d field zeroed: the min part alone).
 MIN_FIELD = {"Q4_1": (2, 0), "Q5_1": (2, 0), "Q2_K": (82, 80), "Q4_K": (2, 0), "Q5_K": (2, 0)}
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf.quants.quantize has these (the rest: dequantize only)
-REAL_FILES = ("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf")
+REAL_FILES = ("smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m")  # kc pull names (tests/real_models.py)
 
 
 @pytest.fixture(autouse=True)
@@ -344,10 +343,6 @@ def test_linear_and_choose(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- real GGUF files ------------------------------------------------------------------------------------------
 
-def real_dir() -> Path:
-    return Path(os.environ.get("KC_REAL_MODELS_DIR") or "/tmp/models")
-
-
 class _Reader(gguf.GGUFReader):  # type: ignore[name-defined,misc]
     """gguf.GGUFReader over a plain ndarray view of its memmap: slicing an np.memmap makes memmap objects, whose
     __array_finalize__ was two thirds of parsing gemma-3's 262144-token vocabulary (13 s -> 4.4 s here)."""
@@ -364,13 +359,13 @@ class _Reader(gguf.GGUFReader):  # type: ignore[name-defined,misc]
 @functools.cache
 def reader(name: str) -> Any:
     """One reader per file for the whole session."""
-    return _Reader(str(real_dir() / name))
+    import real_models
+
+    return _Reader(real_models.real_model(name))
 
 
 @pytest.mark.parametrize("name", REAL_FILES)
 def test_real_file_tensors(name: str) -> None:
-    if not (real_dir() / name).is_file():
-        pytest.skip(f"{real_dir() / name} is absent (a real GGUF checkpoint for this test)")
     by_type: dict[str, list] = {}
     for tensor in reader(name).tensors:
         type_name = tensor.tensor_type.name

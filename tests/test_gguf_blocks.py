@@ -3,8 +3,6 @@ of random blocks and of real GGUF files' tensors, the reference linear, and gguf
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import gguf
 import gguf.quants as gq
@@ -14,14 +12,15 @@ import torch
 
 from builtin_plugins.quantization import gguf_blocks as gb
 
-SMOLLM_Q4_1 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GEMMA_Q4_K_M = "gemma-3-270m-q4_k_m.gguf"
+SMOLLM_Q4_1 = "smollm2-135m-instruct-q4_1"  # kc pull names (tests/real_models.py)
+GEMMA_Q4_K_M = "gemma-3-270m-q4_k_m"
 
 
-def _real_file(name: str) -> Path | None:
-    """A real GGUF checkpoint from $KC_REAL_MODELS_DIR (default /tmp/models), or None if it is not there."""
-    path = Path(os.environ.get("KC_REAL_MODELS_DIR") or "/tmp/models") / name
-    return path if path.is_file() else None
+def _real_file(name: str) -> str:
+    """A real GGUF checkpoint from the kc pull cache (fetched once; fails, never skips, without it)."""
+    import real_models
+
+    return real_models.real_model(name)
 
 
 # Byte offsets of each block's float16 fields (d, and dmin/m where present): random bytes there could be inf/NaN.
@@ -158,8 +157,6 @@ def test_gguf_quantize_round_trip(type_name):
 @pytest.mark.parametrize("name", [SMOLLM_Q4_1, GEMMA_Q4_K_M])
 def test_real_file_tensors(name: str) -> None:
     path = _real_file(name)
-    if path is None:
-        pytest.skip(f"{name} is not in $KC_REAL_MODELS_DIR or /tmp/models")
     seen: set[str] = set()
     for tensor in gguf.GGUFReader(path).tensors:
         type_name = tensor.tensor_type.name
