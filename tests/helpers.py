@@ -33,3 +33,22 @@ def run_kc(*args: str, check: bool = True, timeout: float = 300, **env: str) -> 
     if check and proc.returncode != 0:
         raise AssertionError(f"kc {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def scripted_default_model(target: str, kc_script: dict[str, list[int]]) -> str:
+    """The embedded default model's files in ``target`` (symlinked) as architecture KcScriptedLlama (the dummy
+    model package), which writes ``kc_script[str(position)]``'s token ids from that position on."""
+    import json
+
+    from kernelcore.models.default_model import ensure_default_model
+
+    source = ensure_default_model()
+    for name in os.listdir(source):
+        if name != "config.json":
+            os.symlink(os.path.join(source, name), os.path.join(target, name))
+    with open(os.path.join(source, "config.json")) as f:
+        config = json.load(f)
+    config.update(architectures=["KcScriptedLlama"], kc_script=kc_script)
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(config, f)
+    return target

@@ -4,12 +4,12 @@ answers and calls a tool; the server runs with the qwen3 reasoning parser and he
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import openai
 import pytest
 
+from helpers import scripted_default_model
 from test_server_e2e import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -26,20 +26,13 @@ def served(tmp_path_factory):
     from kernelcore.engine.tokenizer import get_tokenizer
     from kernelcore.models.default_model import ensure_default_model
 
-    source = ensure_default_model()
-    target = tmp_path_factory.mktemp("scripted")
-    for name in os.listdir(source):
-        if name != "config.json":
-            os.symlink(os.path.join(source, name), target / name)
-    tok = get_tokenizer(source)
+    tok = get_tokenizer(ensure_default_model())
     prompt = tok.apply_chat_template([{"role": "user", "content": "go"}], add_generation_prompt=True, tokenize=False)
     ids = tok.encode(SCRIPT, add_special_tokens=False)
     assert tok.decode(ids) == SCRIPT
-    config = json.load(open(os.path.join(source, "config.json")))
-    config.update(architectures=["KcScriptedLlama"], kc_script={str(len(tok.encode(prompt, add_special_tokens=False))):
-                                                                ids})
-    json.dump(config, open(target / "config.json", "w"))
-    proc, url = start_server(str(target), "--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser",
+    target = scripted_default_model(str(tmp_path_factory.mktemp("scripted")),
+                                    {str(len(tok.encode(prompt, add_special_tokens=False))): ids})
+    proc, url = start_server(target, "--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser",
                              "hermes", "--reasoning-parser", "qwen3", "--shutdown-timeout", "2")
     yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     stop_server(proc)

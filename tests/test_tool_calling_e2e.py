@@ -5,11 +5,11 @@ and not. Also the plugin's third-party tool parser and grammar backend, used thr
 from __future__ import annotations
 
 import json
-import os
 
 import openai
 import pytest
 
+from helpers import scripted_default_model
 from test_server_e2e import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -49,13 +49,7 @@ def scripted_model(tmp_path_factory):
     from kernelcore.engine.tokenizer import get_tokenizer
     from kernelcore.models.default_model import ensure_default_model
 
-    source = ensure_default_model()
-    target = tmp_path_factory.mktemp("scripted")
-    for name in os.listdir(source):
-        if name != "config.json":
-            os.symlink(os.path.join(source, name), target / name)
-    tok = get_tokenizer(source)
-    config = json.load(open(os.path.join(source, "config.json")))
+    tok = get_tokenizer(ensure_default_model())
     scripts, messages, repeats, end = {}, {}, 1, 0
     for name in SCRIPTS:
         while True:  # a prompt long enough that this script's positions start after the previous one's
@@ -68,9 +62,7 @@ def scripted_model(tmp_path_factory):
         assert tok.decode(ids) == SCRIPTS[name][0]
         scripts[str(start)], messages[name] = ids, _messages(repeats)
         end = start + len(ids) + 1  # the EOS after the script
-    config.update(architectures=["KcScriptedLlama"], kc_script=scripts)
-    json.dump(config, open(target / "config.json", "w"))
-    return str(target), messages
+    return scripted_default_model(str(tmp_path_factory.mktemp("scripted")), scripts), messages
 
 
 @pytest.fixture(scope="module", params=sorted(SERVERS))

@@ -15,6 +15,7 @@ from aiohttp import web
 from kernelcore.entrypoints.server.errors import APIError, set_error_format
 from kernelcore.entrypoints.server.jsonbody import decode_json
 from kernelcore.entrypoints.server.state import ServerState, get_state
+from kernelcore.entrypoints.server.state import read_body as raw_body
 
 from builtin_plugins.ollama_api.model_info import ModelFacts, model_facts
 from builtin_plugins.ollama_api.translate import bad_request, not_found
@@ -48,11 +49,7 @@ def now() -> str:
 
 async def read_body(request: web.Request) -> dict[str, Any]:
     """The JSON object body, any Content-Type; an empty body is ``{}``."""
-    timeout = get_state(request).options.read_timeout
-    try:
-        raw = await asyncio.wait_for(request.read(), timeout)
-    except asyncio.TimeoutError:
-        raise APIError(f"The request body did not arrive within {timeout:g}s", 408) from None
+    raw = await raw_body(request)
     if not raw.strip():
         return {}
     body = decode_json(raw)

@@ -88,12 +88,16 @@ def base_request_id(request: web.Request) -> str:
     return request.headers.get("X-Request-Id") or uuid.uuid4().hex
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The raw body, or a 408 when the client takes longer than ``--read-timeout`` to send it."""
+    timeout = get_state(request).options.read_timeout
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(f"The request body did not arrive within {timeout:g}s", 408) from None
+
+
 async def read_json(request: web.Request) -> Any:
     if request.content_type != "application/json":
         raise APIError(f"Unsupported Media Type: only 'application/json' is accepted, got '{request.content_type}'", 415)
-    try:
-        raw = await asyncio.wait_for(request.read(), get_state(request).options.read_timeout)
-    except asyncio.TimeoutError:
-        raise APIError(f"The request body did not arrive within {get_state(request).options.read_timeout:g}s",
-                       408) from None
-    return decode_json(raw)
+    return decode_json(await read_body(request))
