@@ -104,6 +104,23 @@ class DecodingConfig:
 
 
 @dataclass
+class SpeculativeConfig:
+    """Speculative decoding: a proposer guesses the next tokens, one forward verifies them (off when method is None)."""
+
+    method: str | None = None  # a registered proposer ("ngram", or a plugin's)
+    num_speculative_tokens: int = 0  # draft tokens per step (at most)
+    prompt_lookup_max: int = 4  # n-gram proposer: longest suffix looked up in the context
+    prompt_lookup_min: int = 2  # n-gram proposer: shortest
+    # Back-off: a request whose recent acceptance rate falls below this stops proposing for a while (doubling)
+    min_acceptance_rate: float = 0.2
+    options: dict[str, Any] = field(default_factory=dict)  # further keys, for a plugin's proposer
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None and self.num_speculative_tokens > 0
+
+
+@dataclass
 class KernelConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -111,6 +128,7 @@ class KernelConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     custom_ops: list[str] = field(default_factory=list)  # "all"/"none" + "+name"/"-name"
     device_type: str = "cpu"
     platform_plugin: str | None = None  # entry-point name of the resolved platform

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from kernelcore.config import (CacheConfig, DecodingConfig, KernelConfig, LoraConfig, ModelConfig, ParallelConfig,
-                               SchedulerConfig, validate_custom_ops)
+                               SchedulerConfig, SpeculativeConfig, validate_custom_ops)
 
 logger = logging.getLogger("kernelcore.config")
 
@@ -105,6 +105,11 @@ def build_config(**kwargs: Any) -> KernelConfig:
         kwargs["hf_overrides"] = json.loads(kwargs["hf_overrides"])
     custom_ops = list(kwargs.pop("custom_ops", None) or [])
     plugin_options = dict(kwargs.pop("plugin_options", None) or {})
+    speculative = kwargs.pop("speculative_config", None)
+    if not isinstance(speculative, SpeculativeConfig):
+        from kernelcore.speculative.proposer import parse_speculative_config
+
+        speculative = parse_speculative_config(speculative)
     user_set = frozenset(f"{section}.{name}" for section, cls in _SECTIONS for name in cls.__dataclass_fields__
                          if kwargs.get(name) is not None)
     model = ModelConfig(**_split(kwargs, ModelConfig))
@@ -148,7 +153,7 @@ def build_config(**kwargs: Any) -> KernelConfig:
         model.served_model_name = os.path.basename(model.model.rstrip("/")) or model.model
 
     config = KernelConfig(model=model, cache=cache, parallel=parallel, scheduler=scheduler, lora=lora, decoding=decoding,
-                          custom_ops=custom_ops, device_type=current_platform.device_type, plugin_options=plugin_options,
+                          speculative=speculative, custom_ops=custom_ops, device_type=current_platform.device_type, plugin_options=plugin_options,
                           platform_plugin=current_platform.plugin_name, user_set=user_set)
     plugins.call_each("apply_config_platform_defaults", config=config)
     plugins.call_each("check_and_update_config", config=config)

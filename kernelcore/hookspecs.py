@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from kernelcore.lora.resolver import LoRAResolverRegistry
     from kernelcore.models.registry import ModelRegistry
     from kernelcore.quantization import QuantizationRegistry
+    from kernelcore.speculative.proposer import SpeculativeProposerRegistry
     from kernelcore.structured_output.backend import StructuredOutputBackendRegistry
 
 hookspec = pluggy.HookspecMarker("kernelcore")
@@ -409,4 +410,27 @@ def register_reasoning_parsers(registry: ReasoningParserRegistry) -> None:
     :param registry: a fresh :class:`~kernelcore.entrypoints.reasoning_parsers.ReasoningParserRegistry`.
 
     Called in: the front-end process, once, when ``kc serve`` starts (and by ``kc plugins``).
+    """
+
+
+# -- speculative decoding (general hook) ---------------------------------------------------------------------
+
+
+@hookspec
+def register_speculative_proposers(registry: SpeculativeProposerRegistry) -> None:
+    """Contribute speculative-decoding proposers: guessers of a request's next tokens.
+
+    Call ``registry.register(name, factory)``. ``factory(config, vocab_size)`` (a callable or a
+    ``"module:Class"`` string, imported on first use) returns a
+    :class:`~kernelcore.speculative.proposer.Proposer`; its settings are ``config.speculative`` (the
+    ``--speculative-config`` JSON, keys kernelcore does not know in ``config.speculative.options``).
+    ``kc serve --speculative-config '{"method": NAME, "num_speculative_tokens": K}'`` chooses one. The engine
+    verifies the drafts in one forward pass and keeps only what plain decoding would give (greedy) or what
+    rejection sampling accepts, so a proposer cannot change outputs, only speed. The built-in plugin
+    ``speculative`` registers ``ngram`` (prompt lookup). Registering a name twice raises.
+
+    :param registry: a fresh :class:`~kernelcore.speculative.proposer.SpeculativeProposerRegistry`.
+
+    Called in: the front-end process (to reject an unknown method before start-up) and the engine-core
+    process (to build the proposer), once each; also by ``kc plugins``.
     """

@@ -179,3 +179,14 @@ def test_register_parsers():
     reasoning = ReasoningParserRegistry()
     load_example("register_reasoning_parsers")(registry=reasoning)
     assert reasoning.get("nova_thought")(None).split("<thought>hmm</thought>yes", True) == ("hmm", "yes")
+
+
+def test_register_speculative_proposers():
+    from kernelcore.config import SpeculativeConfig
+    from kernelcore.speculative.proposer import ProposalRequest, SpeculativeProposerRegistry
+
+    registry = SpeculativeProposerRegistry()
+    load_example("register_speculative_proposers")(registry=registry)
+    config = KernelConfig(speculative=SpeculativeConfig("repeat_last", 4, options={"max_run": 2}))
+    proposer = registry.factory("repeat_last")(config, 100)
+    assert proposer.propose([ProposalRequest("a", [5, 9], 4), ProposalRequest("b", [7], 1)]) == [[9, 9], [7]]

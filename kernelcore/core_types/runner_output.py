@@ -19,3 +19,6 @@ class ModelRunnerOutput(msgspec.Struct):
     # Requests left out of this step because of their own state; the scheduler fails them alone (reason for the client)
     failed: dict[str, str] = {}
     failed_loras: dict[int, str] = {}  # LoRA id -> reason: every request of the step using it failed
+    # speculative decoding: the drafts each request accepted this step, in order; they come before its sampled token
+    accepted_draft_ids: dict[str, list[int]] = {}
+    accepted_draft_logprobs: dict[str, list[TokenLogprobs]] = {}  # per accepted draft, when logprobs are asked

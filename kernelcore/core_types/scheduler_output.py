@@ -31,5 +31,10 @@ class SchedulerOutput(msgspec.Struct):
     num_scheduled_tokens: dict[str, int]  # in batch order
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]  # finished or aborted since the last step: workers drop their state
-    grammar_req_ids: list[str] = []  # sampling requests under a grammar constraint, in bitmask row order
+    # sampling requests under a grammar constraint, in bitmask row order; a request with drafts has one row per
+    # position it samples at (1 + its drafts), consecutively
+    grammar_req_ids: list[str] = []
     grammar_bitmask: bytes = b""  # int32 [len(grammar_req_ids), ceil(vocab / 32)]; bit set = token allowed
+    # speculative decoding: draft tokens to verify after a request's last token (counted in num_scheduled_tokens);
+    # the worker computes them with it and samples at each of the 1 + len(drafts) positions
+    draft_token_ids: dict[str, list[int]] = {}

@@ -28,6 +28,10 @@ class EngineCore:
         self.block_size = self.executor.block_size
         self.vocab_size = self.executor.vocab_size
         self.scheduler = Scheduler(config, self.num_blocks, self.block_size)
+        if config.speculative.enabled:
+            from kernelcore.speculative.controller import SpeculativeController
+
+            self.scheduler.spec = SpeculativeController(config, self.vocab_size)
         self.max_batches = getattr(self.executor, "max_concurrent_batches", 1)
         self.batch_queue: collections.deque[SchedulerOutput] = collections.deque()  # submitted, not collected
         self.peak_batches_in_flight = 0
@@ -98,7 +102,8 @@ class EngineCore:
             requests = self.scheduler.requests
             sampling = [r for r in scheduler_output.num_scheduled_tokens
                         if requests[r].num_computed_tokens >= requests[r].num_tokens]
-            scheduler_output.grammar_req_ids, scheduler_output.grammar_bitmask = structured.bitmask(sampling)
+            scheduler_output.grammar_req_ids, scheduler_output.grammar_bitmask = structured.bitmask(
+                sampling, scheduler_output.draft_token_ids)
         return scheduler_output
 
     def _step_pipelined(self, started: float) -> EngineCoreOutputs:

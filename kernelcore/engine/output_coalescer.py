@@ -13,6 +13,7 @@ Streamed requests, and requests with stop strings (searched by the front end), p
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 from kernelcore.engine.outputs import EngineCoreOutput, EngineCoreOutputs
@@ -109,7 +110,8 @@ def _merge(held: EngineCoreOutput, new: EngineCoreOutput) -> EngineCoreOutput:
 
 
 _COUNTERS = ("num_prefix_cache_queries", "num_prefix_cache_hits", "num_preemptions", "num_prompt_tokens",
-             "num_generation_tokens", "num_finished", "step_time", "iteration_tokens")
+             "num_generation_tokens", "num_finished", "step_time", "iteration_tokens", "spec_num_drafts",
+             "spec_num_draft_tokens", "spec_num_accepted_tokens")
 
 
 def _merge_stats(old: EngineStats, new: EngineStats | None) -> EngineStats:
@@ -117,4 +119,7 @@ def _merge_stats(old: EngineStats, new: EngineStats | None) -> EngineStats:
     if new is None:
         return old
     summed = {name: getattr(old, name) + getattr(new, name) for name in _COUNTERS}
+    a, b = old.spec_accepted_per_pos, new.spec_accepted_per_pos
+    if a:  # per position, the longer list padded with zeros
+        summed["spec_accepted_per_pos"] = [x + y for x, y in itertools.zip_longest(a, b, fillvalue=0)]
     return dataclasses.replace(new, **summed)

@@ -15,6 +15,7 @@ from kernelcore.engine.request import FINISH_REASONS, EngineCoreRequest, Request
 from kernelcore.metrics.stats import EngineStats
 
 if TYPE_CHECKING:
+    from kernelcore.speculative.controller import SpeculativeController
     from kernelcore.structured_output.manager import StructuredOutputManager
 
 
@@ -44,6 +45,7 @@ class Scheduler:
         self.num_preemptions_total = 0
         self._step_stats = EngineStats()
         self.structured: StructuredOutputManager | None = None  # once a constrained request arrived
+        self.spec: SpeculativeController | None = None  # speculative decoding, when configured
 
     # -- requests in and out -------------------------------------------------------------------------------
 
@@ -95,6 +97,8 @@ class Scheduler:
         del self.requests[request.request_id]
         if self.structured is not None:
             self.structured.remove(request.request_id)
+        if self.spec is not None:
+            self.spec.remove(request.request_id)
         if request.num_sent_tokens:
             self.finished_req_ids.append(request.request_id)
 
@@ -130,6 +134,9 @@ class Scheduler:
         cached_reqs: list[CachedRequestData] = []
         scheduled: list[Request] = []
 
+        drafts = self._propose() if self.spec is not None else {}
+        draft_token_ids: dict[str, list[int]] = {}
+
         # Running requests first, in arrival order; the newest are preempted when blocks run out.
         i, is_short = 0, False
         while i < len(self.running) and budget > 0:
@@ -138,7 +145,13 @@ class Scheduler:
                 i += 1
                 continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(request, num_new):
+            request_drafts = drafts.get(request.request_id)
+            if request_drafts:  # a decoding request: its drafts after its last token, as the budget allows
+                request_drafts = request_drafts[:budget - 1]
+                if request_drafts and self.kv.allocate_slots(request, 1 + len(request_drafts)):
+                    draft_token_ids[request.request_id] = request_drafts
+                    num_new = 1 + len(request_drafts)
+            while request.request_id not in draft_token_ids and not self.kv.allocate_slots(request, num_new):
                 if self.running[-1].request_id in self.in_flight:  # blocks come back when its batch does
                     is_short = True  # no waiting request is admitted this step either
                     break
@@ -207,7 +220,29 @@ class Scheduler:
             request.num_sent_blocks = len(request.block_ids)
             request.num_computed_tokens += num_new
         finished, self.finished_req_ids = self.finished_req_ids, []
-        return SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), finished)
+        return SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), finished,
+                               draft_token_ids=draft_token_ids)
+
+    def _propose(self) -> dict[str, list[int]]:
+        """Drafts for the running requests that decode this step, within max_tokens, the context and the grammar."""
+        assert self.spec is not None
+        candidates = []
+        for request in self.running:
+            if request.request_id in self.in_flight or request.num_computed_tokens != request.num_tokens - 1:
+                continue
+            # room for the drafts and the token sampled after them
+            limit = min(request.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens) - 1
+            if limit > 0:
+                candidates.append((request.request_id, request.all_token_ids, limit, request.num_prompt_tokens))
+        drafts = self.spec.propose(candidates) if candidates else {}
+        if self.structured is not None and drafts:
+            for request_id in list(drafts):
+                checked = self.structured.check_drafts(self.requests[request_id], drafts[request_id])
+                if checked:
+                    drafts[request_id] = checked
+                else:
+                    del drafts[request_id]
+        return drafts
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -223,19 +258,38 @@ class Scheduler:
                 self._finish(request, RequestStatus.FINISHED_ERROR)
                 self.failed[request_id] = error
                 continue
-            self.kv.cache_blocks(request)
+            drafts = scheduler_output.draft_token_ids.get(request_id)
+            if not drafts:
+                self.kv.cache_blocks(request)
             prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
             token_id = sampled.get(request_id)
             if token_id is None:
                 if prompt_logprobs:
                     outputs.append(EngineCoreOutput(request_id, [], new_prompt_logprobs=prompt_logprobs))
                 continue
-            request.all_token_ids.append(token_id)
-            stats.num_generation_tokens += 1
-            is_grammar_done = self.structured is not None and self.structured.accept_token(request, token_id)
-            status = self._check_stop(request, token_id, is_grammar_done)
-            logprobs = runner_output.logprobs.get(request_id)
-            output = EngineCoreOutput(request_id, [token_id], new_logprobs=[logprobs] if logprobs else None,
+            token_ids, logprobs = [token_id], runner_output.logprobs.get(request_id)
+            new_logprobs = [logprobs] if logprobs else None
+            if drafts:
+                accepted = runner_output.accepted_draft_ids.get(request_id, [])
+                self._record_verification(request_id, drafts, accepted)
+                token_ids = accepted + token_ids
+                if new_logprobs:
+                    new_logprobs = runner_output.accepted_draft_logprobs.get(request_id, []) + new_logprobs
+                num_valid = request.num_tokens + len(accepted)  # the KV of the rejected drafts is stale
+            status, num_appended = None, 0
+            for token_id in token_ids:
+                request.all_token_ids.append(token_id)
+                num_appended += 1
+                is_grammar_done = self.structured is not None and self.structured.accept_token(request, token_id)
+                status = self._check_stop(request, token_id, is_grammar_done)
+                if status is not None:
+                    break
+            stats.num_generation_tokens += num_appended
+            if drafts:
+                request.num_computed_tokens = min(num_valid, request.num_tokens)
+                self.kv.cache_blocks(request)
+            output = EngineCoreOutput(request_id, token_ids[:num_appended],
+                                      new_logprobs=new_logprobs[:num_appended] if new_logprobs else None,
                                       new_prompt_logprobs=prompt_logprobs,
                                       num_cached_tokens=max(request.num_cached_tokens, 0))
             if status is not None:
@@ -246,6 +300,18 @@ class Scheduler:
         stats.num_running, stats.num_waiting = len(self.running), len(self.waiting)
         stats.kv_cache_usage = self.kv.usage
         return outputs
+
+    def _record_verification(self, request_id: str, drafts: list[int], accepted: list[int]) -> None:
+        assert self.spec is not None
+        self.spec.record(request_id, len(drafts), len(accepted))
+        stats = self._step_stats
+        stats.spec_num_drafts += 1
+        stats.spec_num_draft_tokens += len(drafts)
+        stats.spec_num_accepted_tokens += len(accepted)
+        per_pos = stats.spec_accepted_per_pos
+        per_pos.extend([0] * (len(drafts) - len(per_pos)))
+        for i in range(len(accepted)):
+            per_pos[i] += 1
 
     def _failure(self, request: Request, runner_output: ModelRunnerOutput) -> str | None:
         """The client's message when the workers left this request out of the step, else None."""

@@ -20,7 +20,7 @@ from typing import IO, Any, AsyncIterator
 import click
 
 from kernelcore.entrypoints.batch_file import BatchRequest, LineError, new_request_id, output_line, parse_lines
-from kernelcore.entrypoints.serve import _check_topology, parse_size, serve_cmd
+from kernelcore.entrypoints.serve import _check_topology, _speculative_config, parse_size, serve_cmd
 
 logger = logging.getLogger("kernelcore.run_batch")
 
@@ -32,7 +32,8 @@ SERVE_PARAMS = (
     "allow_special_tokens_in_content", "max_choices", "response_role", "served_model_name", "enable_prefix_caching",
     "seed", "enforce_eager", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules",
     "max_request_body_bytes", "max_n", "max_logprobs", "max_stop_strings", "max_stop_string_length", "max_prompts",
-    "structured_outputs_backend", "structured_outputs_compact_whitespace", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
+    "structured_outputs_backend", "structured_outputs_compact_whitespace", "speculative_config",
+    "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
     "default_max_tokens")
 
 
@@ -140,6 +141,7 @@ def _build(o: dict[str, Any]) -> tuple[Any, Any]:
             model=o["model"], kv_cache_memory=parse_size(o["kv_cache_memory"]), chat_template=template,
             enable_lora=o["enable_lora"] or None, enforce_eager=o["enforce_eager"] or None,
             tokenizer=os.path.abspath(o["tokenizer"]) if o["tokenizer"] else None, plugin_options=platform_options,
+            speculative_config=_speculative_config(o["speculative_config"]),
             **{k: o[k] for k in engine_keys})
     except GGUFError as exc:
         raise click.ClickException(str(exc)) from None

@@ -60,6 +60,16 @@ def _opt(*names: str, env: str, **kwargs: Any):
     return click.option(*names, envvar=env, show_envvar=True, show_default=kwargs.pop("show_default", True), **kwargs)
 
 
+def _speculative_config(value: str | None):
+    """--speculative-config as a checked SpeculativeConfig (a usage error names the problem)."""
+    from kernelcore.speculative.proposer import parse_speculative_config
+
+    try:
+        return parse_speculative_config(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--speculative-config") from None
+
+
 @click.command("serve", context_settings={"max_content_width": 120})
 @click.argument("model", required=False, envvar="KC_MODEL")
 @_opt("--host", env="KC_HOST", default="127.0.0.1", help="Interface to bind. Binding beyond loopback is explicit.")
@@ -166,6 +176,10 @@ def _opt(*names: str, env: str, **kwargs: Any):
       default=False, help="Constrained JSON with no whitespace between tokens. By default a model may put up to "
                           "16 whitespace characters wherever JSON allows (compact output degrades many models' "
                           "answers); a request asks for compact JSON with structured_outputs.disable_any_whitespace.")
+@_opt("--speculative-config", env="KC_SPECULATIVE_CONFIG", default=None,
+      help='Speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": '
+           '4, "prompt_lookup_min": 2} (vLLM\'s keys; "method" is any registered proposer, see `kc plugins`). '
+           'Outputs are unchanged; a request whose drafts keep failing stops proposing for a while.')
 @_opt("--enable-auto-tool-choice", env="KC_ENABLE_AUTO_TOOL_CHOICE", is_flag=True, default=False,
       help='Serve tool_choice "auto": the model writes calls in its own format, --tool-call-parser extracts them.')
 @_opt("--tool-call-parser", env="KC_TOOL_CALL_PARSER", default=None,
@@ -204,7 +218,8 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
               max_cpu_loras: int | None, lora_modules: dict[str, str], allow_runtime_lora_updating: bool,
               lora_root: str | None, max_request_body_bytes: str, max_n: int, max_logprobs: int,
               max_stop_strings: int, max_stop_string_length: int, max_prompts: int, request_read_timeout: float,
-              structured_outputs_backend: str, structured_outputs_compact_whitespace: bool, enable_auto_tool_choice: bool, tool_call_parser: str | None,
+              structured_outputs_backend: str, structured_outputs_compact_whitespace: bool,
+              speculative_config: str | None, enable_auto_tool_choice: bool, tool_call_parser: str | None,
               reasoning_parser: str | None, shutdown_timeout: float, default_max_tokens: int | None,
               metrics_prefix: str, web_console: bool, **platform_options: Any) -> None:
     """Serve MODEL (a local Hugging Face checkpoint directory or a .gguf file; default: the embedded demo model) over an
@@ -262,6 +277,7 @@ def serve_cmd(model: str | None, host: str, port: int, tensor_parallel_size: int
             data_parallel_rpc_port=data_parallel_rpc_port if dp_remote else None,
             structured_outputs_backend=structured_outputs_backend,
             structured_outputs_compact_whitespace=structured_outputs_compact_whitespace or None,
+            speculative_config=_speculative_config(speculative_config),
             tokenizer=os.path.abspath(tokenizer) if tokenizer else None)
     except GGUFError as exc:  # e.g. a tensor type no quantization method loads: refused before anything starts
         raise click.ClickException(str(exc)) from None

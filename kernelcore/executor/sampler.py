@@ -149,9 +149,32 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        if md.grammar_bitmask is not None and md.grammar_rows is not None:  # before everything, logprobs included
+        raw_logits = self.apply_grammar(logits, md)
+        logits = self.constrain(raw_logits, md)
+        if md.is_all_greedy:
+            sampled = logits.argmax(dim=-1)
+        else:
+            greedy = None if md.is_all_random else logits.argmax(dim=-1)
+            sampled = random_sample(self.warp(logits, md).softmax(dim=-1), md.generators)
+            if greedy is not None:
+                sampled = torch.where(md.is_greedy, greedy, sampled)
+        output = SamplerOutput(sampled)
+        if md.max_num_logprobs is not None:
+            output.logprob_token_ids, output.logprobs, output.ranks = compute_logprobs(
+                raw_logits, sampled, md.max_num_logprobs)
+        return output
+
+    @staticmethod
+    def apply_grammar(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """The model's logits with the grammar's forbidden tokens at -inf (what logprobs are reported from)."""
+        if md.grammar_bitmask is not None and md.grammar_rows is not None:
             logits = apply_bitmask_rows(logits, md.grammar_rows, md.grammar_bitmask)
-        raw_logits = logits
+        return logits
+
+    @staticmethod
+    def constrain(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Grammar-masked logits -> the float32 logits greedy decoding takes the argmax of: penalties,
+        min_tokens, logit_bias and allowed_token_ids applied."""
         logits = logits.float()
         if md.has_penalties:
             logits = apply_penalties(logits, md)
@@ -164,23 +187,17 @@ class Sampler:
             logits = logits.index_put((bias_rows, bias_cols), biases, accumulate=True)
         if md.disallowed_mask is not None:
             logits = logits.masked_fill(md.disallowed_mask, float("-inf"))
-        if md.is_all_greedy:
-            sampled = logits.argmax(dim=-1)
-        else:
-            greedy = None if md.is_all_random else logits.argmax(dim=-1)
-            logits = logits / md.temperature.unsqueeze(1)
-            if md.top_k is not None or md.top_p is not None:
-                logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-            if md.min_p is not None:
-                logits = apply_min_p(logits, md.min_p)
-            sampled = random_sample(logits.softmax(dim=-1), md.generators)
-            if greedy is not None:
-                sampled = torch.where(md.is_greedy, greedy, sampled)
-        output = SamplerOutput(sampled)
-        if md.max_num_logprobs is not None:
-            output.logprob_token_ids, output.logprobs, output.ranks = compute_logprobs(
-                raw_logits, sampled, md.max_num_logprobs)
-        return output
+        return logits
+
+    @staticmethod
+    def warp(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Constrained logits -> the logits random sampling draws from (temperature, top-k, top-p, min-p)."""
+        logits = logits / md.temperature.unsqueeze(1)
+        if md.top_k is not None or md.top_p is not None:
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        return logits
 
 
 def apply_bitmask_rows(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ model-runner entries, runs one forward per step and (on rank 0) samples."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from kernelcore.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput, TokenLogprobs
 from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.executor.rejection_sampler import verify
 from kernelcore.executor.sampler import Sampler, SamplingMetadata, build_metadata, compute_logprobs
 
 logger = logging.getLogger("kernelcore.worker")
@@ -128,24 +130,31 @@ class WorkerBase:
         if not so.num_scheduled_tokens:
             return ModelRunnerOutput([], [])
         failed_loras = self._prepare_loras(so)
-        entries, sample_states, sample_rows, prompt_lp = [], [], [], []
+        entries, sample_states, prompt_lp, sample_drafts = [], [], [], []
+        sample_rows: list[int] = []
         num_rows = 0
         for req_id, num_tokens in so.num_scheduled_tokens.items():
             state = self.requests[req_id]
             if state.lora_id in failed_loras:  # fails alone: the scheduler finishes it with the reason
                 del self.requests[req_id]
                 continue
+            drafts = so.draft_token_ids.get(req_id) if so.draft_token_ids else None
             start, end = state.num_computed_tokens, state.num_computed_tokens + num_tokens
             is_final = end >= len(state.token_ids)
             needs_prompt_lp = state.num_prompt_logprobs_done < state.num_prompt_tokens
             num_logits = num_tokens if needs_prompt_lp else int(is_final)
-            entries.append(SeqBatchEntry(state.token_ids[start:end], start, state.block_ids, num_logits, state.lora_id))
+            token_ids = state.token_ids[start:end]
+            if drafts:  # the last real token, then the drafts: a logits row at each
+                token_ids = token_ids + drafts
+                num_logits = len(drafts) + 1
+            entries.append(SeqBatchEntry(token_ids, start, state.block_ids, num_logits, state.lora_id))
             if needs_prompt_lp:
                 prompt_lp.append((state, num_rows, start, end))
             num_rows += num_logits
             if is_final:
                 sample_states.append(state)
-                sample_rows.append(num_rows - 1)
+                sample_drafts.append(drafts or [])
+                sample_rows.extend(range(num_rows - 1 - len(drafts or ()), num_rows))
             state.num_computed_tokens = end
         if not entries:
             return ModelRunnerOutput([], [], failed_loras=failed_loras) if self.is_driver else None
@@ -158,11 +167,21 @@ class WorkerBase:
         if sample_states:
             self._grammar = None
             if so.grammar_req_ids:
-                row_of = {s.req_id: row for row, s in enumerate(sample_states)}
+                row_of, row = {}, 0
+                for state, drafts in zip(sample_states, sample_drafts):
+                    row_of[state.req_id] = row
+                    row += 1 + len(drafts)
+                rows, seen = [], collections.Counter[str]()
+                for r in so.grammar_req_ids:  # a request with drafts has consecutive rows
+                    rows.append(row_of[r] + seen[r])
+                    seen[r] += 1
                 bitmask = torch.frombuffer(bytearray(so.grammar_bitmask), dtype=torch.int32)
-                self._grammar = (torch.tensor([row_of[r] for r in so.grammar_req_ids]),
-                                 bitmask.view(len(so.grammar_req_ids), -1))
-            self._sample(logits[sample_rows] if num_rows != len(sample_rows) else logits, sample_states, output)
+                self._grammar = (torch.tensor(rows), bitmask.view(len(so.grammar_req_ids), -1))
+            sample_logits = logits[sample_rows] if num_rows != len(sample_rows) else logits
+            if any(sample_drafts):
+                self._verify(sample_logits, sample_states, sample_drafts, output)
+            else:
+                self._sample(sample_logits, sample_states, output)
         return output
 
     def _prepare_loras(self, so: SchedulerOutput) -> dict[int, str]:
@@ -200,6 +219,52 @@ class WorkerBase:
                 if s.params.logprobs is not None:
                     k = 1 + s.params.logprobs
                     output.logprobs[s.req_id] = TokenLogprobs(ids[row][:k], lps[row][:k], ranks[row])
+
+    def _verify(self, logits: torch.Tensor, states: list[CachedRequestState], drafts: list[list[int]],
+                output: ModelRunnerOutput) -> None:
+        """Speculative decoding: rows 1 + len(drafts) per request; keep the drafts plain sampling agrees with."""
+        params: list[SamplingParams] = []
+        generators: list[torch.Generator | None] = []
+        min_masks: list[tuple[int, list[int]]] = []
+        prompts: list[list[int]] = []
+        outputs: list[list[int]] = []
+        for state, d in zip(states, drafts):
+            num_output = len(state.token_ids) - state.num_prompt_tokens
+            for j in range(len(d) + 1):  # row j samples after j drafts
+                row = len(params)
+                params.append(state.params)
+                generators.append(state.generator)
+                if state.min_tokens_ids and num_output + j < state.params.min_tokens:
+                    min_masks.append((row, state.min_tokens_ids))
+                prompts.append(state.token_ids[:state.num_prompt_tokens])
+                outputs.append(state.token_ids[state.num_prompt_tokens:] + d[:j])
+        md = build_metadata(params, generators, self.vocab_size)
+        md.grammar_rows, md.grammar_bitmask = self._grammar or (None, None)
+        md.min_tokens_masks = min_masks
+        if md.has_penalties:
+            md.prompt_token_ids, md.output_token_ids = prompts, outputs
+        self._metadata_key = None  # the plain path's cached metadata no longer matches its rows
+        result = verify(logits, md, drafts, [s.generator for s in states])
+        output.sampled_token_ids = result.next_token_ids
+        for state, kept in zip(states, result.accepted):
+            if kept:
+                output.accepted_draft_ids[state.req_id] = kept
+        num_logprobs = md.max_num_logprobs
+        if num_logprobs is None:
+            return
+        used = (result.row_token_ids >= 0).nonzero().squeeze(1)
+        ids, lps, ranks = compute_logprobs(result.raw_logits[used], result.row_token_ids[used], num_logprobs)
+        ids, lps, ranks = ids.tolist(), lps.tolist(), ranks.tolist()
+        i = 0
+        for state, kept in zip(states, result.accepted):
+            rows = [TokenLogprobs(ids[i + j][:1 + state.params.logprobs], lps[i + j][:1 + state.params.logprobs],
+                                  ranks[i + j]) for j in range(len(kept) + 1)] if state.params.logprobs is not None \
+                else []
+            i += len(kept) + 1
+            if rows:
+                output.logprobs[state.req_id] = rows[-1]
+                if kept:
+                    output.accepted_draft_logprobs[state.req_id] = rows[:-1]
 
     def _prompt_logprobs(self, state: CachedRequestState, logits: torch.Tensor, start: int, end: int) -> list[TokenLogprobs]:
         # Logits at position p predict token p + 1; only prompt tokens not reported yet are returned.

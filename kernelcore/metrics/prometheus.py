@@ -68,6 +68,17 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_preemptions = counter("num_preemptions", "Cumulative preemptions.")
         self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.spec_num_drafts = counter("spec_decode_num_drafts", "Speculative verifications (a request's drafts "
+                                       "checked in one forward pass).")
+        self.spec_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self._spec_per_pos = prom.Counter(name_of("spec_decode_num_accepted_tokens_per_pos"),
+                                          "Draft tokens accepted, by position in the draft (0 = first).",
+                                          ["model_name", "position"], registry=self.registry)
+        self._model_name = model_name
+        spec = getattr(config, "speculative", None)
+        for position in range(spec.num_speculative_tokens if spec is not None and spec.enabled else 0):
+            self._spec_per_pos.labels(model_name=model_name, position=str(position))  # a series at 0 from the start
         success = prom.Counter(name_of("request_success"), "Finished requests by finish reason.",
                                ["model_name", "finished_reason"], registry=self.registry)
         self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)
@@ -105,6 +116,12 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_preemptions.inc(stats.num_preemptions)
         self.prefix_cache_queries.inc(stats.num_prefix_cache_queries)
         self.prefix_cache_hits.inc(stats.num_prefix_cache_hits)
+        if stats.spec_num_drafts:
+            self.spec_num_drafts.inc(stats.spec_num_drafts)
+            self.spec_num_draft_tokens.inc(stats.spec_num_draft_tokens)
+            self.spec_num_accepted_tokens.inc(stats.spec_num_accepted_tokens)
+            for position, count in enumerate(stats.spec_accepted_per_pos):
+                self._spec_per_pos.labels(model_name=self._model_name, position=str(position)).inc(count)
         labels = (self._lora_labels[0], ",".join(sorted(stats.running_lora_adapters)),
                   ",".join(sorted(stats.waiting_lora_adapters)))
         if labels != self._lora_labels:  # one series: the current adapters, valued with the time they were seen

@@ -21,5 +21,9 @@ class EngineStats:
     # tokens computed by each step this report covers (the engine-core process may merge the reports of steps
     # that had nothing to send)
     iteration_tokens: list[int] = field(default_factory=list)
+    spec_num_drafts: int = 0  # speculative decoding: verifications (requests with drafts) this step
+    spec_num_draft_tokens: int = 0  # draft tokens verified
+    spec_num_accepted_tokens: int = 0  # of which accepted
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # accepted drafts by position (0 = first)
     running_lora_adapters: list[str] = field(default_factory=list)  # names of adapters with running requests
     waiting_lora_adapters: list[str] = field(default_factory=list)

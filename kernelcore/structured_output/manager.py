@@ -99,18 +99,57 @@ class StructuredOutputManager:
 
     # -- each step ----------------------------------------------------------------------------------------------
 
-    def bitmask(self, request_ids: list[str]) -> tuple[list[str], bytes]:
-        """The bitmask rows (int32, little-endian bytes) of the given sampling requests that are constrained."""
+    def bitmask(self, request_ids: list[str],
+                drafts: dict[str, list[int]] | None = None) -> tuple[list[str], bytes]:
+        """The bitmask rows (int32, little-endian bytes) of the given sampling requests that are constrained; a
+        request with ``drafts`` (checked by ``check_drafts``) gets one row per position: before each draft and
+        after the last."""
+        drafts = drafts or {}
         rows = [r for r in request_ids if (g := self.grammars.get(r)) is not None and g.is_active and not g.is_failed]
         if not rows:
             return [], b""
         started = time.perf_counter()
-        mask = allocate_bitmask(len(rows), self.vocab_size)
-        for row, request_id in enumerate(rows):
-            self.grammars[request_id].matcher.fill_bitmask(mask, row)
+        row_ids = [r for r in rows for _ in range(1 + len(drafts.get(r, ())))]
+        mask = allocate_bitmask(len(row_ids), self.vocab_size)
+        row = 0
+        for request_id in rows:
+            matcher = self.grammars[request_id].matcher
+            matcher.fill_bitmask(mask, row)
+            row += 1
+            accepted = 0
+            for token_id in drafts.get(request_id, ()):
+                if not matcher.accept_token(token_id):  # check_drafts let it through: cannot happen
+                    raise RuntimeError(f"request {request_id}: a checked draft token {token_id} was refused")
+                accepted += 1
+                matcher.fill_bitmask(mask, row)
+                row += 1
+            if accepted:
+                matcher.rollback(accepted)
         self.mask_seconds += time.perf_counter() - started
         self.num_masks += 1
-        return rows, mask.numpy().tobytes()
+        return row_ids, mask.numpy().tobytes()
+
+    def check_drafts(self, request: Any, drafts: list[int]) -> list[int]:
+        """The longest prefix of ``drafts`` the request's grammar allows (stopping where it completes); for a
+        grammar that waits for its start tokens, the drafts before the one that would start it."""
+        grammar = self.grammars.get(request.request_id)
+        if grammar is None or grammar.is_failed or not drafts:
+            return drafts
+        if not grammar.is_active:
+            n = len(grammar.start_after)
+            tail = request.all_token_ids[-n:]
+            for j in range(len(drafts)):
+                if (tail + drafts[:j + 1])[-n:] == grammar.start_after:
+                    return drafts[:j]
+            return drafts
+        matcher, kept = grammar.matcher, 0
+        for token_id in drafts:
+            if matcher.is_terminated() or not matcher.accept_token(token_id):
+                break
+            kept += 1
+        if kept:
+            matcher.rollback(kept)
+        return drafts[:kept]
 
     def accept_token(self, request: Any, token_id: int) -> bool:
         """Advance the request's matcher; True when the grammar is complete (the request should stop)."""
