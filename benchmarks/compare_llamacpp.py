@@ -3,6 +3,9 @@
     python benchmarks/compare_llamacpp.py                          # fp32, bf16, int8 (vs Q8_0), medians of 3
     python benchmarks/compare_llamacpp.py --precisions fp32 --num-runs 1 --workloads batch1
     python benchmarks/compare_llamacpp.py --gguf "$(kc pull smollm2-135m-instruct-q4_1)"   # a real file, as stored
+    python benchmarks/compare_llamacpp.py --precisions fp32 --workloads ttft512,ttft2k,ttft8k   # long prompts
+    python benchmarks/compare_llamacpp.py --precisions fp32 --workloads batch1,neighbour1 --neighbours 1
+    python benchmarks/compare_llamacpp.py --workloads ttft2k --kc-flags "--max-num-batched-tokens 512"
 
 llama-server is built from the llama-cpp-python sdist on PyPI (benchmarks/llamacpp_build.py, cached) and reads
 the benchmark checkpoint converted by llama.cpp's own convert_hf_to_gguf.py (f32, bf16, q8_0). Both servers get
@@ -20,6 +23,20 @@ Workloads (fixed seed, a Llama-125M-shaped random checkpoint with a byte-fallbac
   mixed:   64 requests, prompts 32-512, outputs 16-256, 32 in flight
   batch1:  1 request, 128 + 128
   stream1: the same request streamed (server-sent events, a token at a time: what a person chatting sees)
+  neighbour1: the batch1 request while --neighbours N (default 1) CPU-bound busy loops (``while True: pass``, as
+           busy_neighbour.py's) run beside the server: started just before each server's measurement, killed
+           right after (and with the benchmark, however it ends)
+  ttft512, ttft2k, ttft8k: time to first token (the first streamed chunk) of one streamed request with a 512 /
+           2048 / 8000-token prompt, 4 tokens out; a fresh random prompt every run (the same one for both servers
+           within a run) and llama-server's cache_prompt off, so neither server has it cached; the first run is
+           preceded by an untimed request of the same length. kc runs its default chunked prefill
+           (--max-num-batched-tokens 2048; try others with --kc-flags) and llama-server its default -b/-ub.
+           Measured on a second pair of servers with a long enough context (kc --max-model-len, llama-server
+           -np 1 -c); with --gguf the prompt is cut to fit the file's context and the length used is printed.
+           ttft8k takes minutes on 2 cores and is not in the default set.
+
+Ratios are oriented so that > 1.00x means kc is faster: kc/llama for tok/s, llama/kc for TTFT (the resident
+memory row: kc/llama, > 1.00x means kc uses more).
 """
 
 from __future__ import annotations
@@ -29,6 +46,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import socket
 import statistics
 import subprocess
@@ -47,6 +65,17 @@ PRECISIONS = {  # name -> (kc serve flags, GGUF outtype)
     "bf16": (["--dtype", "bfloat16"], "bf16"),
     "int8": (["--dtype", "bfloat16", "--quantization", "int8"], "q8_0"),
 }
+
+
+BASE_WORKLOADS = ("uniform", "mixed", "batch1", "stream1", "neighbour1")
+TTFT_WORKLOADS = {"ttft512": 512, "ttft2k": 2048, "ttft8k": 8000}  # name -> prompt tokens
+TTFT_OUT = 4  # tokens out of a TTFT request
+TTFT_MARGIN = 16  # tokens of the context left unused by the longest TTFT request
+CHECKPOINT_CTX = 16384  # max_position_embeddings given to the benchmark checkpoint: ttft8k fits both servers
+# a neighbour: a Python busy loop, SIGKILLed by the kernel if this benchmark dies without stopping it (Linux)
+NEIGHBOUR = ("import ctypes, sys\n"
+             "if sys.platform.startswith('linux'): ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
+             "while True: pass\n")
 
 
 def add_tokenizer(path: str, vocab_size: int) -> None:
@@ -75,9 +104,47 @@ def make_workload(name: str, vocab_size: int) -> tuple[list[tuple[list[int], int
         return [(tok(128), 128) for _ in range(32)], 32
     if name == "mixed":
         return [(tok(rng.randint(32, 512)), rng.randint(16, 256)) for _ in range(64)], 32
-    if name in ("batch1", "stream1"):
+    if name in ("batch1", "stream1", "neighbour1"):
         return [(tok(128), 128)], 1
     raise ValueError(name)
+
+
+def random_prompt(length: int, vocab_size: int, seed: str) -> list[int]:
+    """Token ids (no byte/special ids), a different prompt for every seed: no prefix-cache hit between seeds."""
+    rng = random.Random(seed)
+    return [rng.randrange(259, vocab_size) for _ in range(length)]
+
+
+def allow_long_context(path: str, n: int) -> None:
+    """Raise the checkpoint's max_position_embeddings to ``n`` (RoPE without scaling: the weights are unchanged),
+    dropping GGUF files converted before, which carry the old training context llama-server caps a slot to."""
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    if cfg.get("max_position_embeddings", 0) >= n:
+        return
+    cfg["max_position_embeddings"] = n
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    for name in os.listdir(path):
+        if name.startswith("model-") and name.endswith(".gguf"):
+            os.remove(os.path.join(path, name))
+
+
+@contextlib.contextmanager
+def busy_neighbours(n: int):
+    """``n`` CPU-bound processes spinning for the duration of the block; killed however the block ends."""
+    hogs: list[subprocess.Popen] = []
+    try:
+        for _ in range(n):
+            hogs.append(subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.DEVNULL))
+        time.sleep(0.3)  # interpreter start-up: spinning before the measurement starts
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
 
 
 def free_port() -> int:
@@ -147,7 +214,7 @@ class Server:
         self.log.close()
 
 
-async def _one(session, kind: str, port: int, prompt: list[int], num_out: int, stream: bool = False) -> int:
+def _request(kind: str, port: int, prompt: list[int], num_out: int, stream: bool) -> tuple[str, dict]:
     if kind == "kc":
         url, body = f"http://127.0.0.1:{port}/v1/completions", dict(
             model="bench", prompt=prompt, max_tokens=num_out, temperature=0.0, ignore_eos=True)
@@ -157,6 +224,11 @@ async def _one(session, kind: str, port: int, prompt: list[int], num_out: int, s
         url, body = f"http://127.0.0.1:{port}/completion", dict(
             prompt=prompt, n_predict=num_out, temperature=0.0, top_k=1, ignore_eos=True, cache_prompt=False,
             stream=stream)
+    return url, body
+
+
+async def _one(session, kind: str, port: int, prompt: list[int], num_out: int, stream: bool = False) -> int:
+    url, body = _request(kind, port, prompt, num_out, stream)
     async with session.post(url, json=body) as r:
         if r.status != 200:
             raise RuntimeError(f"{kind} answered {r.status}: {await r.text()}")
@@ -193,87 +265,199 @@ async def run_workload(kind: str, port: int, requests: list[tuple[list[int], int
         return sum(counts) / (time.perf_counter() - start)
 
 
-def kc_argv(path: str, flags: list[str], port: int, threads: int) -> list[str]:
+async def _first_token(session, kind: str, port: int, prompt: list[int], num_out: int) -> tuple[float, int]:
+    """(seconds from sending the request to its first streamed token chunk, tokens that chunk carried)."""
+    url, body = _request(kind, port, prompt, num_out, stream=True)
+    start = time.perf_counter()
+    first, first_tokens, data = None, 0, {}
+    async with session.post(url, json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{kind} answered {r.status}: {await r.text()}")
+        async for line in r.content:
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[len(b"data: "):])
+            # kc: a chunk per token (the usage chunk has no choices); llama-server: partial results, then the final
+            # one (an incomplete UTF-8 piece is held back and comes with the next token: tokens_predicted > 1)
+            is_token = bool(event.get("choices")) if kind == "kc" else "prompt_progress" not in event
+            if first is None and is_token:
+                first = time.perf_counter() - start
+                first_tokens = 1 if kind == "kc" else event.get("tokens_predicted", 1)
+            if event.get("usage") or event.get("stop"):
+                data = event
+    n = data["usage"]["completion_tokens"] if kind == "kc" else data["tokens_predicted"]
+    if n != num_out or first is None:
+        raise RuntimeError(f"{kind} returned {n} tokens, {num_out} requested")
+    return first, first_tokens
+
+
+async def run_ttft(kind: str, port: int, prompt: list[int], num_out: int, warm_prompt: list[int]) -> tuple[float, int]:
+    """Time to first token of one streamed request, after an untimed one (``warm_prompt``, no prefix in common)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        await _one(session, kind, port, warm_prompt, num_out)
+        return await _first_token(session, kind, port, prompt, num_out)
+
+
+def kc_argv(path: str, flags: list[str], port: int, threads: int, max_model_len: int = 2048,
+            extra: list[str] = ()) -> list[str]:
+    """``extra`` (--kc-flags) last: click keeps an option's last value, so it overrides the flags before it."""
     return [sys.executable, "-m", "kernelcore.entrypoints.cli", "serve", path, "--port", str(port),
-            "--served-model-name", "bench", "--max-model-len", "2048", "--max-num-seqs", "32",
-            "--kv-cache-memory", "2GiB", "--num-threads", str(threads), *flags]
+            "--served-model-name", "bench", "--max-model-len", str(max_model_len), "--max-num-seqs", "32",
+            "--kv-cache-memory", "2GiB", "--num-threads", str(threads), *flags, *extra]
 
 
-def llama_argv(binary: str, gguf: str, port: int, threads: int) -> list[str]:
+def llama_argv(binary: str, gguf: str, port: int, threads: int, ctx: int | None = None) -> list[str]:
+    """``ctx``: one slot of that context (the TTFT servers); else 32 slots of 1024 (-c is split among slots)."""
+    slots = ["-np", "32", "-c", str(32 * 1024)] if ctx is None else ["-np", "1", "-c", str(ctx)]
     return [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads),
-            "-np", "32", "-c", str(32 * 1024), "--no-webui", "--load-mode", "none"]
+            *slots, "--no-webui", "--load-mode", "none"]
+
+
+def check_workloads(ctx, param, value: str) -> list[str]:
+    names = value.split(",")
+    unknown = [w for w in names if w not in BASE_WORKLOADS and w not in TTFT_WORKLOADS]
+    if unknown:
+        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from "
+                                 f"{', '.join([*BASE_WORKLOADS, *TTFT_WORKLOADS])}")
+    return names
 
 
 @click.command()
 @click.option("--precisions", default="fp32,bf16,int8", show_default=True, help="Comma-separated: fp32,bf16,int8.")
-@click.option("--workloads", default="uniform,mixed,batch1,stream1", show_default=True)
+@click.option("--workloads", default="uniform,mixed,batch1,stream1", show_default=True, callback=check_workloads,
+              help="Comma-separated: " + ",".join([*BASE_WORKLOADS, *TTFT_WORKLOADS])
+              + " (neighbour1: batch1 beside --neighbours busy loops; ttft*: time to first token, long prompts).")
 @click.option("--num-runs", type=int, default=3, show_default=True)
 @click.option("--engines", default="kc,llama", show_default=True, help="Which servers to run (kc alone: a smoke run).")
 @click.option("--threads", type=int, default=2, show_default=True, help="Threads for both servers.")
+@click.option("--neighbours", type=click.IntRange(1), default=1, show_default=True,
+              help="CPU-bound busy-loop processes beside the server in the neighbour1 workload.")
+@click.option("--kc-flags", default="", help='Extra kc serve flags, appended (shlex-split), e.g. '
+              '"--max-num-batched-tokens 512".')
 @click.option("--checkpoint-dir", type=click.Path(), default=None, help="Keep the checkpoint and GGUF files here.")
 @click.option("--llamacpp-version", default="0.3.36", show_default=True, help="llama-cpp-python sdist to build.")
 @click.option("--json-out", type=click.Path(), default=None)
 @click.option("--gguf", "gguf_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Serve this GGUF file with both servers instead of the converted checkpoint (repeatable).")
-def main(precisions, workloads, num_runs, engines, threads, checkpoint_dir, llamacpp_version, json_out, gguf_files):
-    """Output tok/s of kc serve and llama-server on the same workloads, same run."""
+def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags, checkpoint_dir, llamacpp_version,
+         json_out, gguf_files):
+    """Output tok/s (and time to first token) of kc serve and llama-server on the same workloads, same run."""
     engines = engines.split(",")
+    kc_extra = shlex.split(kc_flags)
     binary = build_server(llamacpp_version) if "llama" in engines else None
     root = checkpoint_dir or tempfile.mkdtemp(prefix="kc-vs-llamacpp-")
-    names = workloads.split(",")
+    os.makedirs(root, exist_ok=True)  # with --gguf nothing else makes it: the server logs go there
+    names = workloads
     if gguf_files:
         from kernelcore.models.gguf_checkpoint import hf_config
 
-        # one "precision" per file: (label, kc flags, kc model, llama-server model, vocabulary size)
-        variants = [(os.path.basename(f), [], f, f, hf_config(f).vocab_size) for f in gguf_files]
+        # one "precision" per file: (label, kc flags, kc model, llama-server model, vocabulary size, context)
+        variants = []
+        for f in gguf_files:
+            cfg = hf_config(f)
+            variants.append((os.path.basename(f), [], f, f, cfg.vocab_size,
+                             getattr(cfg, "max_position_embeddings", None) or 2048))
     else:
         path = build_checkpoint("llama", root)
         add_tokenizer(path, 32000)
-        variants = [(p, PRECISIONS[p][0], path, None, 32000) for p in precisions.split(",")]
+        allow_long_context(path, CHECKPOINT_CTX)
+        variants = [(p, PRECISIONS[p][0], path, None, 32000, CHECKPOINT_CTX) for p in precisions.split(",")]
     click.echo(f"llama-server {binary}; threads {threads}; load average {os.getloadavg()[0]:.1f}; runs interleaved")
+    click.echo(f"kc serve extra flags: {shlex.join(kc_extra) if kc_extra else '(none: --max-num-batched-tokens 2048)'}")
     rows = []
     notes: set[str] = set()
-    for precision, flags, path, gguf, vocab_size in variants:
-        work = {w: make_workload(w, vocab_size) for w in names}
+    for precision, flags, path, gguf, vocab_size, model_ctx in variants:
         if gguf is None and binary:
             gguf = convert(path, PRECISIONS[precision][1], llamacpp_version)
-        results = {(k, w): [] for k in engines for w in names}
-        servers = {}
-        with contextlib.ExitStack() as stack:
-            ports = {}
-            for kind in engines:  # both up, idle but for the one being measured
-                port = ports[kind] = free_port()
-                argv = kc_argv(path, flags, port, threads) if kind == "kc" else llama_argv(binary, gguf, port, threads)
-                # llama.cpp's weight repacking for some CPUs crashes on load (seen: Q8_0 on an AMX Xeon); its
-                # plain layout is what such a user would be left with.
-                fallback = argv + ["--no-repack"] if kind == "llama" else None
-                server = servers[kind] = stack.enter_context(
-                    Server(kind, argv, port, os.path.join(root, f"{kind}-{precision}.log"), fallback))
-                if server.argv is fallback:
-                    notes.add(f"{precision}: llama-server crashed loading the model and ran with --no-repack")
-            for run in range(num_runs):
-                for w in names:
-                    for kind in engines:  # adjacent in time: a drift in the machine's speed hits both alike
-                        results[(kind, w)].append(asyncio.run(run_workload(kind, ports[kind], *work[w],
-                                                                           stream=w == "stream1")))
-                        click.echo(f"  run {run + 1} {precision} {kind:5s} {w:8s} {results[(kind, w)][-1]:8.1f} tok/s")
-            rss = {kind: server.resident_bytes() for kind, server in servers.items()}
-            click.echo("  resident memory of the server tree: " + ", ".join(
-                f"{kind} {b / 2**20:.0f} MiB" for kind, b in rss.items())
-                + (f" (kc/llama {rss['kc'] / rss['llama']:.2f}x)" if len(rss) == 2 else ""))
-            rows.append(dict(precision=precision, workload="resident MiB", kc=rss.get("kc", 0) / 2**20,
-                             llama=rss.get("llama", 0) / 2**20, ratio=rss["kc"] / rss["llama"] if len(rss) == 2
-                             else float("nan"), kc_runs=[], llama_runs=[]))
-        for w in names:
-            kc, ll = results.get(("kc", w), []), results.get(("llama", w), [])
-            med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731
-            ratio = med([a / b for a, b in zip(kc, ll)])
-            rows.append(dict(precision=precision, workload=w, kc=med(kc), llama=med(ll), ratio=ratio, kc_runs=kc,
-                             llama_runs=ll))
-    click.echo("\n| workload | precision | kc serve tok/s | llama-server tok/s | ratio |\n|---|---|---|---|---|")
-    for r in rows:
-        click.echo(f"| {r['workload']} | {r['precision']} | {r['kc']:.0f} | {r['llama']:.0f} | {r['ratio']:.2f}x |")
-    click.echo(f"(medians of {num_runs}; load average at the end {os.getloadavg()[0]:.1f})")
+        # the TTFT prompts: cut to the model's context, less the tokens out and a margin
+        prompt_len = {w: min(TTFT_WORKLOADS[w], model_ctx - TTFT_OUT - TTFT_MARGIN) for w in names
+                      if w in TTFT_WORKLOADS}
+        groups = [(g, [w for w in names if (w in TTFT_WORKLOADS) == (g == "ttft")]) for g in ("base", "ttft")]
+        for group, group_names in groups:
+            if not group_names:
+                continue
+            if group == "ttft":
+                longest = max(prompt_len[w] for w in group_names)
+                ctx = min(model_ctx, max(2048, -(-(longest + TTFT_OUT + TTFT_MARGIN) // 256) * 256))
+                click.echo(f"  {precision} TTFT servers: context {ctx}; prompts " + ", ".join(
+                    f"{w} {prompt_len[w]} tokens" for w in group_names) + f", {TTFT_OUT} out")
+            else:
+                ctx = None
+                work = {w: make_workload(w, vocab_size) for w in group_names}
+            results = {(k, w): [] for k in engines for w in group_names}
+            servers = {}
+            with contextlib.ExitStack() as stack:
+                ports = {}
+                for kind in engines:  # both up, idle but for the one being measured
+                    port = ports[kind] = free_port()
+                    argv = (kc_argv(path, flags, port, threads, ctx or 2048, kc_extra) if kind == "kc"
+                            else llama_argv(binary, gguf, port, threads, ctx))
+                    # llama.cpp's weight repacking for some CPUs crashes on load (seen: Q8_0 on an AMX Xeon); its
+                    # plain layout is what such a user would be left with.
+                    fallback = argv + ["--no-repack"] if kind == "llama" else None
+                    log = os.path.join(root, f"{kind}-{precision}{'-ttft' if ctx else ''}.log")
+                    server = servers[kind] = stack.enter_context(Server(kind, argv, port, log, fallback))
+                    if server.argv is fallback:
+                        notes.add(f"{precision}: llama-server crashed loading the model and ran with --no-repack")
+                for run in range(num_runs):
+                    for w in group_names:
+                        if w in TTFT_WORKLOADS:  # one prompt per run, the same for both servers
+                            prompt = random_prompt(prompt_len[w], vocab_size, f"{w}-run{run}")
+                        for kind in engines:  # adjacent in time: a drift in the machine's speed hits both alike
+                            if w in TTFT_WORKLOADS:
+                                # the first run: warmed by a request as long (one-off costs of a long prefill)
+                                warm = random_prompt(prompt_len[w] if run == 0 else 16, vocab_size,
+                                                     f"{w}-warm{run}-{kind}")
+                                ttft, first_tokens = asyncio.run(run_ttft(kind, ports[kind], prompt, TTFT_OUT, warm))
+                                results[(kind, w)].append(ttft * 1000)
+                                if first_tokens > 1:
+                                    notes.add(f"{precision} {w}: {kind}'s first chunk carried {first_tokens} tokens "
+                                              "(an incomplete UTF-8 piece held back): its TTFT is late by a step")
+                                click.echo(f"  run {run + 1} {precision} {kind:5s} {w:10s} "
+                                           f"{results[(kind, w)][-1]:8.1f} ms to the first token")
+                                continue
+                            with busy_neighbours(neighbours) if w == "neighbour1" else contextlib.nullcontext():
+                                tps = asyncio.run(run_workload(kind, ports[kind], *work[w], stream=w == "stream1"))
+                            results[(kind, w)].append(tps)
+                            click.echo(f"  run {run + 1} {precision} {kind:5s} {w:10s} {tps:8.1f} tok/s")
+                rss = {kind: server.resident_bytes() for kind, server in servers.items()}
+                click.echo(f"  resident memory of the server tree{' (TTFT servers)' if ctx else ''}: " + ", ".join(
+                    f"{kind} {b / 2**20:.0f} MiB" for kind, b in rss.items())
+                    + (f" (kc/llama {rss['kc'] / rss['llama']:.2f}x)" if len(rss) == 2 else ""))
+                rows.append(dict(precision=precision, workload="resident MiB" + (f" (context {ctx})" if ctx else ""),
+                                 unit="MiB", kc=rss.get("kc", 0) / 2**20, llama=rss.get("llama", 0) / 2**20,
+                                 ratio=rss["kc"] / rss["llama"] if len(rss) == 2 else float("nan"),
+                                 kc_runs=[], llama_runs=[]))
+            for w in group_names:
+                kc, ll = results.get(("kc", w), []), results.get(("llama", w), [])
+                med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731
+                row = dict(precision=precision, workload=w, unit="tok/s", kc=med(kc), llama=med(ll),
+                           ratio=med([a / b for a, b in zip(kc, ll)]), kc_runs=kc, llama_runs=ll)
+                if w in TTFT_WORKLOADS:  # milliseconds: the ratio llama/kc, > 1 where kc is faster
+                    row.update(unit="ms to first token", ratio=med([b / a for a, b in zip(kc, ll)]),
+                               prompt_tokens=prompt_len[w], output_tokens=TTFT_OUT, context=ctx)
+                elif w == "neighbour1":
+                    row.update(neighbours=neighbours)
+                rows.append(row)
+    speed = [r for r in rows if r["unit"] != "ms to first token"]
+    ttft_rows = [r for r in rows if r["unit"] == "ms to first token"]
+    if speed:
+        click.echo("\n| workload | precision | kc serve tok/s | llama-server tok/s | ratio |\n|---|---|---|---|---|")
+    for r in speed:
+        label = r["workload"]
+        if label == "neighbour1":
+            label = f"neighbour1 (batch1 beside {neighbours} busy loop{'s' if neighbours > 1 else ''})"
+        click.echo(f"| {label} | {r['precision']} | {r['kc']:.0f} | {r['llama']:.0f} | {r['ratio']:.2f}x |")
+    if ttft_rows:
+        click.echo("\n| workload | precision | prompt tokens | kc serve TTFT ms | llama-server TTFT ms | ratio |"
+                   "\n|---|---|---|---|---|---|")
+    for r in ttft_rows:
+        click.echo(f"| {r['workload']} | {r['precision']} | {r['prompt_tokens']} | {r['kc']:.0f} | {r['llama']:.0f} "
+                   f"| {r['ratio']:.2f}x |")
+    click.echo(f"(medians of {num_runs}; ratio > 1.00x: kc faster (tok/s kc/llama, TTFT llama/kc); resident MiB "
+               f"kc/llama; load average at the end {os.getloadavg()[0]:.1f})")
     for note in sorted(notes):
         click.echo(f"note: {note}")
     if json_out:

@@ -9,6 +9,8 @@ envs.declare("KC_CPU_NATIVE_KERNELS", lambda v: v is None or envs.boolean(v), ow
 envs.declare("KC_CPU_SMALL_GEMM_ROWS", lambda v: 8 if v is None else int(v), owner="cpu")
 # Decode steps of at most this many sequences replay a recorded tape of kernel calls; 0 = always eager.
 envs.declare("KC_CPU_GRAPH_MAX_BATCH", lambda v: 8 if v is None else int(v), owner="cpu")
+# 0 = the worker keeps its thread count, however busy the other cores are (see builtin_plugins/cpu/thread_policy.py).
+envs.declare("KC_CPU_FOLLOW_FREE_CORES", lambda v: v is None or envs.boolean(v), owner="cpu")
 # 0 = model weights stay in the loader's memory instead of one transparent-huge-page arena.
 envs.declare("KC_CPU_HUGE_PAGES", lambda v: v is None or envs.boolean(v), owner="cpu")
 # 0 = glibc's malloc keeps its defaults in the CPU worker (large blocks mmapped per allocation, trimmed on free).

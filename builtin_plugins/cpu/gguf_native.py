@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from builtin_plugins.cpu.graphs import launch, replay_in_c
-from builtin_plugins.cpu.native import load_native
+from builtin_plugins.cpu.native import CURRENT_THREADS, load_native
 
 SOURCE = Path(__file__).parent / "csrc" / "gguf_matmul.cpp"
 # name: (ggml type id, values per block, bytes per block)
@@ -189,7 +189,7 @@ class GGUFKernel:
         if out.numel() == 0:
             return
         status = launch(self._dequant, type_id, raw.data_ptr(), raw.stride(0), raw.shape[0], cols,
-                        DTYPE_CODES[out.dtype], out.data_ptr(), torch.get_num_threads())
+                        DTYPE_CODES[out.dtype], out.data_ptr(), CURRENT_THREADS)
         if status != 0:
             raise ValueError(f"gguf dequantize: the kernel refused {type_name} {tuple(raw.shape)}")
 
@@ -222,7 +222,7 @@ class GGUFKernel:
         fn = self._matmul_int if int_dot else self._matmul
         status = launch(fn, type_id, DTYPE_CODES[x.dtype], x.data_ptr(), x_stride, raw.data_ptr(), raw.stride(0),
                         None if bias is None else bias.data_ptr(), y.data_ptr(), rows, num_out, num_in,
-                        torch.get_num_threads())
+                        CURRENT_THREADS)
         if status != 0:
             raise ValueError(f"gguf matmul: the kernel refused {type_name} x {tuple(x.shape)} w {tuple(raw.shape)}")
         return y

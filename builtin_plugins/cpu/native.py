@@ -25,6 +25,10 @@ from builtin_plugins.cpu.graphs import launch, replay_in_c
 from builtin_plugins.cpu.platform import read_cpuinfo
 from kernelcore import envs
 
+# The thread-count argument of every kernel: "the calling thread's torch.get_num_threads() at the call" (csrc
+# kc_threads), not the value at recording time, so recorded decode steps follow builtin_plugins.cpu.thread_policy.
+CURRENT_THREADS = 0
+
 logger = logging.getLogger("kernelcore.cpu")
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
@@ -66,7 +70,7 @@ class PagedDecodeKernel:
         slot_mapping = slot_mapping.contiguous()
         status = launch(self._write, DTYPE_CODES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
                              k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), num_tokens, num_kv_heads,
-                             head_size, k_cache.shape[2], k_cache.shape[0], torch.get_num_threads())
+                             head_size, k_cache.shape[2], k_cache.shape[0], CURRENT_THREADS)
         if status != 0:
             raise ValueError("paged write: slot out of range")
 
@@ -97,7 +101,7 @@ class PagedDecodeKernel:
         status = launch(self._fn, DTYPE_CODES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                           block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads,
                           k_cache.shape[1], head_size, k_cache.shape[2], block_tables.shape[1], k_cache.shape[0],
-                          scale, sliding_window or 0, torch.get_num_threads())
+                          scale, sliding_window or 0, CURRENT_THREADS)
         if status == -2:
             raise ValueError("paged decode: a block table points outside the KV cache or is too short")
         if status != 0:

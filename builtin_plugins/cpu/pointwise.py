@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from builtin_plugins.cpu.graphs import launch, replay_in_c
-from builtin_plugins.cpu.native import load_native
+from builtin_plugins.cpu.native import CURRENT_THREADS, load_native
 from kernelcore.kernels import torch_rotary_embedding
 
 SOURCE = Path(__file__).parent / "csrc" / "pointwise.cpp"
@@ -67,7 +67,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x2.shape, dtype=x.dtype)
     _check(launch(kernels.rms_norm, DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), None, 0, weight.data_ptr(),
                             out.data_ptr(), out.stride(0), x2.shape[0], x2.shape[1], eps,
-                            torch.get_num_threads()), "rms_norm")
+                            CURRENT_THREADS), "rms_norm")
     return out.view(x.shape)
 
 
@@ -83,7 +83,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     out = torch.empty(x.shape, dtype=x.dtype)
     _check(launch(kernels.rms_norm, DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), residual.data_ptr(),
                             residual.stride(0), weight.data_ptr(), out.data_ptr(), out.stride(0), x.shape[0],
-                            x.shape[1], eps, torch.get_num_threads()), "rms_norm")
+                            x.shape[1], eps, CURRENT_THREADS), "rms_norm")
     return out, residual
 
 
@@ -106,7 +106,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
             or not positions.is_contiguous() or positions.shape != (num_tokens,) or key.shape[0] != num_tokens
             or query.shape[1] % head_size or key.shape[1] % head_size):
         return torch_rotary_embedding(positions, query, key, cos_sin_cache, head_size, rotary_dim)
-    code, cache_code, threads = DTYPE_CODES[query.dtype], DTYPE_CODES[cos_sin_cache.dtype], torch.get_num_threads()
+    code, cache_code, threads = DTYPE_CODES[query.dtype], DTYPE_CODES[cos_sin_cache.dtype], CURRENT_THREADS
     # q and k are usually adjacent column slices of one qkv row: one pass over both.
     if key.data_ptr() == query.data_ptr() + query.shape[1] * query.element_size() and key.stride(0) == query.stride(0):
         parts = [(query, (query.shape[1] + key.shape[1]) // head_size)]
@@ -127,7 +127,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return F.silu(x[..., :d]).mul_(x[..., d:])
     out = torch.empty(x2.shape[0], d, dtype=x.dtype)
     _check(launch(kernels.silu_and_mul, DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), out.data_ptr(), out.stride(0),
-                                x2.shape[0], d, torch.get_num_threads()), "silu_and_mul")
+                                x2.shape[0], d, CURRENT_THREADS), "silu_and_mul")
     return out.view(*x.shape[:-1], d)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from builtin_plugins.cpu.graphs import launch, replay_in_c
-from builtin_plugins.cpu.native import load_native
+from builtin_plugins.cpu.native import CURRENT_THREADS, load_native
 from kernelcore import envs
 
 SOURCE = Path(__file__).parent / "csrc" / "small_gemm.cpp"
@@ -96,7 +96,7 @@ class SmallGemmKernel:
         w_code, x_code, w_ptr, s_ptr, b_ptr, num_out = args
         y = torch.empty(rows, num_out, dtype=x.dtype)
         if launch(self._fn, w_code, x_code, x2.data_ptr(), x2.stride(0), w_ptr, s_ptr, b_ptr, y.data_ptr(), num_out, rows,
-                  num_out, num_in, torch.get_num_threads(),
+                  num_out, num_in, CURRENT_THREADS,
                   int(float_lanes) | int(far_prefetch) << 1 | int(single_stream) << 2) != 0:
             raise ValueError("small gemm: the kernel refused the shapes")
         return y.view(*x.shape[:-1], num_out)

@@ -17,6 +17,13 @@ from kernelcore.executor.worker import WorkerBase
 
 
 class CpuWorker(WorkerBase):
+    thread_policy = None
+
+    def execute_model(self, so):
+        if self.thread_policy is not None and so.num_scheduled_tokens:
+            self.thread_policy.update()
+        return super().execute_model(so)
+
     def load_model(self) -> None:
         from builtin_plugins.cpu.model_runner import CpuModelRunner
 
@@ -38,5 +45,12 @@ class CpuWorker(WorkerBase):
         parallel = self.config.parallel
         ranks_here = parallel.world_size * len(parallel.data_parallel_local_ranks) // parallel.nnodes  # sharing the cores
         torch.set_num_threads(parallel.num_threads or max(1, num_cores // ranks_here))
+        # One worker process on the host: its threads follow the cores other programs leave free. (Several
+        # ranks or replicas here would count each other as the load.)
+        self.thread_policy = None
+        if envs.KC_CPU_FOLLOW_FREE_CORES and ranks_here == 1:
+            from builtin_plugins.cpu.thread_policy import ThreadPolicy
+
+            self.thread_policy = ThreadPolicy(torch.get_num_threads())
         init_distributed(parallel.world_size, self.rank, self.distributed_init_method, "gloo",
                          tensor_parallel_size=parallel.tensor_parallel_size)

@@ -143,6 +143,21 @@ inline void fma32x2(__m256i v, float s0, float c0, float s1, float c1, float* y)
   _mm512_storeu_ps(y, _mm512_fmadd_ps(_mm512_set1_ps(s0), lo16f(v), _mm512_set1_ps(c0)));
   _mm512_storeu_ps(y + 16, _mm512_fmadd_ps(_mm512_set1_ps(s1), hi16f(v), _mm512_set1_ps(c1)));
 }
+#elif defined(__AVX2__)
+#define KC_DEQ256 1
+// 8 bytes (the low half of v) as 8 floats, unsigned / signed
+inline __m256 u8x8f(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+inline __m256 s8x8f(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+// 16 bytes of nibbles -> 32 floats as s * q + c (low nibbles first): GCC vectorised the plain loop at 128 bits
+// only, and a Q4_1 row dequantized 4x slower than AVX2 allows (AVX2-only EPYC)
+inline void nib32_fma(const uint8_t* p, __m256 s, __m256 c, float* y) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), mask = _mm_set1_epi8(0xf);
+  const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+  _mm256_storeu_ps(y, _mm256_fmadd_ps(s, u8x8f(lo), c));
+  _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(s, u8x8f(_mm_srli_si128(lo, 8)), c));
+  _mm256_storeu_ps(y + 16, _mm256_fmadd_ps(s, u8x8f(hi), c));
+  _mm256_storeu_ps(y + 24, _mm256_fmadd_ps(s, u8x8f(_mm_srli_si128(hi, 8)), c));
+}
 #endif
 template <int T> void dequant_block(const uint8_t* b, float* __restrict y);
 
@@ -150,6 +165,12 @@ template <> void dequant_block<Q4_0>(const uint8_t* b, float* __restrict y) {
 #ifdef KC_DEQ512
   const __m512 d = _mm512_set1_ps(fp16(b));
   mul32(_mm256_sub_epi8(nib32(b + 2), _mm256_set1_epi8(8)), d, d, y);
+#elif defined(KC_DEQ256)
+  const __m256 d = _mm256_set1_ps(fp16(b)), eight = _mm256_set1_ps(8.0f);  // d * (q - 8): -0.0 stays -0.0
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)), mask = _mm_set1_epi8(0xf);
+  const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int i = 0; i < 4; ++i) _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(d, _mm256_sub_ps(u8x8f(parts[i]), eight)));
 #else
   const float d = fp16(b);
   const uint8_t* qs = b + 2;
@@ -162,6 +183,8 @@ template <> void dequant_block<Q4_0>(const uint8_t* b, float* __restrict y) {
 template <> void dequant_block<Q4_1>(const uint8_t* b, float* __restrict y) {
 #ifdef KC_DEQ512
   fma32(nib32(b + 4), _mm512_set1_ps(fp16(b)), _mm512_set1_ps(fp16(b + 2)), y);
+#elif defined(KC_DEQ256)
+  nib32_fma(b + 4, _mm256_set1_ps(fp16(b)), _mm256_set1_ps(fp16(b + 2)), y);
 #else
   const float d = fp16(b), m = fp16(b + 2);
   const uint8_t* qs = b + 4;
@@ -204,6 +227,12 @@ template <> void dequant_block<Q8_0>(const uint8_t* b, float* __restrict y) {
 #ifdef KC_DEQ512
   const __m512 d = _mm512_set1_ps(fp16(b));
   mul32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), d, d, y);
+#elif defined(KC_DEQ256)
+  const __m256 d = _mm256_set1_ps(fp16(b));
+  for (int i = 0; i < 4; ++i) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i));
+    _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(d, s8x8f(q)));
+  }
 #else
   const float d = fp16(b);
   const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
@@ -440,7 +469,7 @@ void dequantize_rows(const uint8_t* raw, int64_t raw_stride, int64_t rows, int64
                      int num_threads) {
   constexpr int QK = Traits<T>::QK, BS = Traits<T>::BS;
   const int64_t nb = cols / QK;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = raw + r * raw_stride;
     if (out_code == 0) {
@@ -533,7 +562,7 @@ template <int T, typename Y>
 void float_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
                   const float* bias, Y* y, int num_threads) {
   const int64_t groups = (N + NR - 1) / NR;
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(kc_threads(num_threads))
   {
     alignas(64) float buf[NR * TK];
     std::vector<fvec> vacc(NR * M);
@@ -710,7 +739,7 @@ Act quantize_act(const float* x, int64_t M, int64_t K, int qa, bool want_bsums, 
   a.s.resize(M * a.nb);
   if (want_bsums) a.bsum.resize(M * (K / 16));
   const int64_t total = M * a.nb;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (total * qa > 65536)
+#pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static) if (total * qa > 65536)
   for (int64_t i = 0; i < total; ++i) {
     const float* v = x + i * qa;  // block i of the [M, K] contiguous rows (qa divides K)
     float amax = 0;
@@ -986,7 +1015,7 @@ Act512 quantize_act512(const float* x, int64_t M, int64_t K, int num_threads) {
   a.pairs = (nb + 1) / 2;
   a.lines.resize(M * a.pairs * 3);
   const int64_t total = M * a.pairs;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (total > 1024)
+#pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static) if (total > 1024)
   for (int64_t i = 0; i < total; ++i) {
     const int64_t m = i / a.pairs, p = i % a.pairs;
     int8_t* q = a.lines[i * 3].b;
@@ -1090,7 +1119,7 @@ void int512_run(const Act512& a, int64_t M, int64_t nb, const uint8_t* raw, int6
   static const PairWords pw(BS, qs_offset<T>(), Pack512<T>::NIB);
   const int64_t groups = (N + NR - 1) / NR;
   const uint8_t* end = raw + (N - 1) * raw_stride + nb * BS;
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(kc_threads(num_threads))
   {
     std::vector<Act512::Line> buf(M > 4 ? NR * a.pairs * 3 : 0);
     const Act512::Line* wb[NR] = {};
@@ -1178,7 +1207,7 @@ void int_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* raw, i
                      const float* bias, Y* y, int num_threads) {
   constexpr int QA = Traits<T>::QK;
   const Act a = quantize_act(x, M, K, QA, QA == 256, num_threads);
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(kc_threads(num_threads))
   {
     std::vector<float> cbuf(a.nb);
     float out[8];
@@ -1284,7 +1313,7 @@ int matmul_common(bool int_dot, int type, int x_code, const void* x, int64_t x_s
     return -1;
   std::vector<float> tmp;
   const float* xf = float_rows(x_code, x, x_stride, M, K, tmp);
-  num_threads = std::max(1, num_threads);
+  num_threads = kc_threads(num_threads);
   return int_dot ? dispatch_all<IntMM>(type, xf, M, K, raw, raw_stride, N, bias, x_code, y, num_threads)
                  : dispatch_all<FloatMM>(type, xf, M, K, raw, raw_stride, N, bias, x_code, y, num_threads);
 }
@@ -1313,7 +1342,7 @@ extern "C" int kc_gguf_dequantize(int type, const uint8_t* raw, int64_t raw_stri
                                   int out_code, void* out, int num_threads) {
   const int qk = block_values(type);
   if (qk == 0 || cols % qk != 0 || rows < 0 || out_code < 0 || out_code > 1) return -1;
-  return dispatch_all<Dequant>(type, raw, raw_stride, rows, cols, out_code, out, std::max(1, num_threads));
+  return dispatch_all<Dequant>(type, raw, raw_stride, rows, cols, out_code, out, kc_threads(num_threads));
 }
 
 // y [M, N] (contiguous, x's dtype) = x [M, K] (rows x_stride elements apart; float32 0 / bfloat16 1) times the

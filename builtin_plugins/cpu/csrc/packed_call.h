@@ -5,10 +5,17 @@
 // `int name_packed(const int64_t* words)`, which unpacks by name's own signature.
 #pragma once
 
+#include <omp.h>
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
+
+// A kernel's thread count: n, or for n <= 0 the calling thread's OpenMP setting (torch.set_num_threads, one
+// runtime with torch's), read at each call: a recorded decode step then follows a thread count changed after
+// it was recorded (the CPU worker follows the cores other processes leave free).
+inline int kc_threads(int n) { return n > 0 ? n : omp_get_max_threads(); }
 
 namespace kc_packed {
 

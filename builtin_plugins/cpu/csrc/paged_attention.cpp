@@ -320,11 +320,11 @@ void decode_all(DecodeOne decode_one, int64_t element_size, const char* q, const
   const int64_t group = s.num_heads / s.num_kv_heads;
   // A work item is a whole sequence (its cache streamed block by block), or one (sequence, kv head) when
   // there are too few sequences to keep every thread busy.
-  const int64_t item_heads = num_seqs >= 4 * num_threads ? s.num_kv_heads : 1;
+  const int64_t item_heads = num_seqs >= 4 * kc_threads(num_threads) ? s.num_kv_heads : 1;
   const int64_t items_per_seq = s.num_kv_heads / item_heads, num_items = num_seqs * items_per_seq;
   const int64_t head_stride = s.head_size * s.block_size * element_size;  // one kv head's slab of a block
   const int64_t padded_len = (std::max<int64_t>(max_seq_len, 1) + s.block_size - 1) / s.block_size * s.block_size;
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(kc_threads(num_threads))
   {
     std::vector<float> scores(item_heads * group * padded_len), qf(item_heads * group * s.head_size);
 #pragma omp for schedule(dynamic, 1)
@@ -350,7 +350,7 @@ void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_st
               const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
               int64_t block_size, int num_threads) {
   const int64_t head_stride = head_size * block_size, block_stride = num_kv_heads * head_stride;
-#pragma omp parallel for num_threads(num_threads) if (num_tokens * num_kv_heads * head_size > 65536)
+#pragma omp parallel for num_threads(kc_threads(num_threads)) if (num_tokens * num_kv_heads * head_size > 65536)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
     const int64_t block = slot / block_size, offset = slot % block_size;

@@ -43,7 +43,7 @@ inline void store(uint16_t* p, int64_t i, float x) {  // x is already a bfloat16
 
 // Parallel over rows only when there is enough work to pay for waking the threads.
 inline int threads_for(int64_t rows, int64_t cols, int num_threads) {
-  return rows * cols >= (int64_t(1) << 16) ? num_threads : 1;
+  return rows * cols >= (int64_t(1) << 16) ? kc_threads(num_threads) : 1;
 }
 
 template <typename T>

@@ -260,7 +260,7 @@ void run(const Args& a, const typename L::Weight* w, int64_t M, int64_t N, int n
     // One weight row at a time, four accumulators: a single sequential stream per thread. For bfloat16/int8
     // it measured 1.4x the bandwidth of four interleaved rows; for float32 it depends on the CPU (slower on
     // an AVX2 machine, 1.09x faster on a Zen 5 EPYC), so there it is option bit 2, which the tuning times.
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static)
     for (int64_t n = 0; n < N; ++n) tile<L, Y, 1, 1, 4>(a, w + n * a.K, 0, n);
     return;
   }
@@ -277,7 +277,7 @@ void run(const Args& a, const typename L::Weight* w, int64_t M, int64_t N, int n
       Args part = a;
       part.x = static_cast<const typename L::X*>(a.x) + m0 * a.x_stride;
       part.y = static_cast<Y*>(a.y) + m0 * a.y_stride;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static)
       for (int64_t b = 0; b < blocks; ++b) rows<L, Y, MR, NR>(part, w, rows_here, b * NR);
       for (int64_t n = blocks * NR; n < N; ++n) rows<L, Y, MR, 1>(part, w, rows_here, n);
     }
@@ -285,7 +285,7 @@ void run(const Args& a, const typename L::Weight* w, int64_t M, int64_t N, int n
   }
   constexpr int NR = 4;
   const int64_t blocks = N / NR;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) rows<L, Y, 4, NR>(a, w, M, b * NR);
   for (int64_t n = blocks * NR; n < N; ++n) rows<L, Y, 4, 1>(a, w, M, n);
 }
@@ -328,7 +328,7 @@ extern "C" int kc_small_gemm(int w_code, int x_code, const void* x, int64_t x_st
                              const float* scale, const void* bias, void* y, int64_t y_stride, int64_t M, int64_t N,
                              int64_t K, int num_threads, int options) {
   if (K % 8 != 0 || M <= 0 || N <= 0 || x_stride < K || y_stride < N || w_code < 0 || w_code > 2) return -1;
-  num_threads = std::max(1, num_threads);
+  num_threads = kc_threads(num_threads);
   Args a{x, x_stride, K, scale, bias, y, y_stride, (options & 2) != 0, (options & 4) != 0};
 #ifdef __AVX512BF16__
   if (x_code == 1 && w_code == 1 && !(options & 1)) {
