@@ -143,11 +143,17 @@ class WorkerBase:
             is_final = end >= len(state.token_ids)
             needs_prompt_lp = state.num_prompt_logprobs_done < state.num_prompt_tokens
             num_logits = num_tokens if needs_prompt_lp else int(is_final)
-            token_ids = state.token_ids[start:end]
-            if drafts:  # the last real token, then the drafts: a logits row at each
-                token_ids = token_ids + drafts
+            if drafts:
+                # The last real token, then the drafts, each as a one-token step of its own at its position over
+                # the same block table: attention reads what the earlier ones wrote in the same layer (causal),
+                # and the whole verification runs the decode path (decode kernels, captured graphs), so each row
+                # computes what plain decoding computes at that position.
                 num_logits = len(drafts) + 1
-            entries.append(SeqBatchEntry(token_ids, start, state.block_ids, num_logits, state.lora_id))
+                for i, token_id in enumerate(state.token_ids[start:end] + drafts):
+                    entries.append(SeqBatchEntry([token_id], start + i, state.block_ids, 1, state.lora_id))
+            else:
+                entries.append(SeqBatchEntry(state.token_ids[start:end], start, state.block_ids, num_logits,
+                                             state.lora_id))
             if needs_prompt_lp:
                 prompt_lp.append((state, num_rows, start, end))
             num_rows += num_logits
