@@ -288,6 +288,21 @@ def test_rejects_bad_arguments() -> None:
     assert set(INT_DOT_TYPES) <= set(TYPES)
 
 
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_row_does_not_depend_on_its_batch(type_name: str) -> None:
+    """A decode step (one activation row; its own kernel on AVX2) gives the bits the same row gets in a batch:
+    speculative verification and batched decoding must reproduce plain decoding's greedy choices. 4k + 3 output
+    rows: the last group of four is partial."""
+    rng = np.random.default_rng(13)
+    raw = torch.from_numpy(random_blocks(type_name, 4 * 9 + 3, 1024 // TYPES[type_name][1], rng))
+    x = torch.randn(5, 1024, generator=torch.Generator().manual_seed(13))
+    batch = kernel.matmul(x, raw, type_name)
+    for m in range(5):
+        assert torch.equal(kernel.matmul(x[m:m + 1], raw, type_name)[0], batch[m]), m
+    bias = torch.randn(39, generator=torch.Generator().manual_seed(14))
+    assert torch.equal(kernel.matmul(x[2:3], raw, type_name, bias)[0], kernel.matmul(x, raw, type_name, bias)[2])
+
+
 def test_linear_and_choose(monkeypatch: pytest.MonkeyPatch) -> None:
     """linear() by each of options(): [..., K] activations, bias, the dequant path in row chunks; choose()."""
     import builtin_plugins.cpu.gguf_native as native
