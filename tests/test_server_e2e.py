@@ -452,6 +452,8 @@ def test_disconnect_aborts(long_server):
     assert _aborted(url) - before == 4
     assert requests.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
                          headers=AUTH).status_code == 200
+    log = server_log(long_server[0])
+    assert "Error handling request" not in log and "Traceback" not in log, log  # leaving is not a server error
 
 
 def test_shutdown_ends_running_streams_with_an_error_event(long_server):

@@ -204,7 +204,7 @@ def test_log_file_has_plain_lines_no_progress_bars(served):
     assert "Loading weights: 1 safetensors file(s)" in text
     assert "Its weights are random: it answers with random text" in text and "default-model-v1" in text
     for line in text.splitlines():  # every line is a log record, an echo of ours, or a traceback (none expected)
-        assert line.split(" ", 1)[0] in ("INFO", "WARNING", "Starting"), line
+        assert line.split(" ", 1)[0] in ("INFO", "WARNING", "Starting"), text
 
 
 def test_read_trace_returns_whole_lines_and_resumes_from_the_offset(tmp_path):

@@ -176,25 +176,30 @@ async def stream_response(request: web.Request, events: AsyncGenerator[Any, None
         raise engine_error(exc) from exc
     response = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache",
                                            **(headers or {})})
-    await response.prepare(request)
     try:
-        if first is not None:
-            await response.write(encode(first))
-        async for event in events:
-            await response.write(encode(event))
-    except (ConnectionError, asyncio.CancelledError):
-        raise  # the client is gone: the generators' finally blocks abort the engine requests
-    except Exception as exc:
-        error = engine_error(exc)
-        if error.status >= 500:
-            logger.error("request failed mid-stream: %s", error.message)
-        if error_event is not None:
-            await response.write(encode(error_event(error)))
-    finally:
-        await events.aclose()
-    if trailer:
-        await response.write(trailer)
-    await response.write_eof()
+        try:
+            await response.prepare(request)
+            if first is not None:
+                await response.write(encode(first))
+            async for event in events:
+                await response.write(encode(event))
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            error = engine_error(exc)
+            if error.status >= 500:
+                logger.error("request failed mid-stream: %s", error.message)
+            if error_event is not None:
+                await response.write(encode(error_event(error)))
+        finally:
+            await events.aclose()  # aborts the engine requests that did not finish
+        if trailer:
+            await response.write(trailer)
+        await response.write_eof()
+    except ConnectionError:
+        # The client went away: an ordinary end, not a server error (raising it would log a traceback
+        # and count a 500). aiohttp finishes the half-sent response quietly.
+        logger.debug("client of %s went away mid-stream", request.path)
     return response
 
 
