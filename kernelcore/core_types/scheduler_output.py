@@ -15,6 +15,7 @@ class NewRequestData(msgspec.Struct, array_like=True):
     num_computed_tokens: int
     lora_id: int = 0
     eos_token_id: int | None = None
+    num_prompt_tokens: int = -1  # of prompt_token_ids; the rest were produced before (a resumed request); -1: all
 
 
 class CachedRequestData(msgspec.Struct, array_like=True):

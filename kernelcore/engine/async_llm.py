@@ -64,6 +64,7 @@ class AsyncLLM:
         self.dead_error: BaseException | None = None
         self._channels: list[AsyncChannel] = []  # one per data-parallel replica (engine core)
         self.processes: list = []  # the engine-core processes of this host
+        self._replica_processes: list = []  # per replica: its engine-core process, or None on another host
         self.replica_hosts: list[str] = []  # "local", or the address of the host running that replica
         self.lost_replicas: dict[int, str] = {}  # remote replica -> why it was dropped
         self.router: DPRouter | None = None  # with --data-parallel-size > 1
@@ -80,6 +81,7 @@ class AsyncLLM:
         self = cls(config, stat_loggers)
         started = await start_replicas(config)  # one engine core per data-parallel replica
         self.processes = [r.process for r in started if r.process is not None]
+        self._replica_processes = [r.process for r in started]
         self._channels = [r.channel for r in started]
         self.replica_hosts = [r.host for r in started]
         self._private_dirs = [r.private_dir for r in started if r.private_dir is not None]
@@ -221,28 +223,68 @@ class AsyncLLM:
                     self._lose(replica, message.message)
                     return
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            self._lose(replica, f"engine core connection lost: {exc}")
+            why = f"engine core connection lost: {exc}"
+            process = self._replica_processes[replica] if replica < len(self._replica_processes) else None
+            if process is not None:  # a local engine core: say how it ended, once it has
+                await asyncio.to_thread(process.process.join, 2.0)
+                if process.process.exitcode is not None:
+                    why = f"{process.role} process exited (exit code {process.process.exitcode})"
+            self._lose(replica, why)
 
     def _lose(self, replica: int, why: str) -> None:
-        """A replica on another host is dropped while others serve (its requests fail); else the engine is dead."""
-        host = self.replica_hosts[replica] if replica < len(self.replica_hosts) else "local"
-        if host == "local" or self.router is None or len(self._serving()) <= 1 or self.dead_error is not None:
-            self._die(EngineDeadError(why if host == "local" else f"data-parallel replica {replica} ({host}): {why}"))
+        """A lost replica is dropped and its requests go on elsewhere; losing the last one kills the engine."""
+        if replica in self.lost_replicas or self.dead_error is not None:
             return
-        why = f"data-parallel replica {replica} ({host}) lost: {why}"
-        logger.error("%s; the other replicas serve on", why)
+        if self.router is None:
+            self._die(EngineDeadError(why))
+            return
+        why = f"data-parallel replica {replica} ({self.replica_hosts[replica]}) lost: {why}"
+        if len(self._serving()) <= 1:
+            self._die(EngineDeadError(why))
+            return
+        logger.error("%s; its requests go on on the other replicas", why)
         self.lost_replicas[replica] = why
         self.router.drop(replica)
         self._channels[replica].close()
+        process = self._replica_processes[replica]
+        if process is not None:  # an engine core that lost its workers may still be alive
+            self._tasks.append(asyncio.create_task(asyncio.to_thread(process.terminate), name=f"kc-end-replica-{replica}"))
         for answer_key, answer in list(self._lora_answers.items()):
             if answer_key[1] == replica and not answer.done():
                 answer.set_result(None)  # a lost replica does not veto an adapter
+        num_moved = 0
         for request_id in [rid for rid, r in self.replica_of.items() if r == replica]:
-            tracked = self.tracked.pop(request_id, None)
-            self.output_processor.abort_requests([request_id])
-            if tracked is not None:
-                tracked.queue.put_nowait(RequestError(why))
-                self._record_finished(tracked, "abort")
+            num_moved += self._resubmit(request_id, replica)
+        if num_moved:
+            logger.warning("%d request(s) of data-parallel replica %d resumed on the other replicas", num_moved,
+                           replica)
+        self._publish_gauges()
+
+    def _resubmit(self, request_id: str, lost: int) -> int:
+        """Carry one request of a lost replica to another: its prompt, the tokens it has produced and its sampling
+        parameters (seeded draws depend on the seed and the position only), so it goes on where it stopped."""
+        assert self.router is not None  # only data parallelism loses a replica and serves on
+        core_requests = self.output_processor.resume_requests(request_id)
+        parent = self.output_processor.parents.get(request_id)
+        if not core_requests or parent is None or request_id not in self.tracked:
+            return 0
+        target = self.router.resubmitted(lost, parent.prompt_token_ids)
+        self.replica_of[request_id] = target
+        self._channels[target].send_nowait(AddRequests(core_requests))
+        return 1
+
+    def _publish_gauges(self) -> None:
+        """Engine-wide gauges without the lost replicas' share, now (the others may be idle and report nothing)."""
+        assert self.router is not None
+        latest, serving = self.router.latest, self._serving()
+        stats = EngineStats(timestamp=self.last_stats.timestamp, num_running=sum(s.num_running for s in latest),
+                            num_waiting=sum(s.num_waiting for s in latest),
+                            kv_cache_usage=sum(s.kv_cache_usage for s in latest) / max(1, len(serving)),
+                            running_lora_adapters=self.last_stats.running_lora_adapters,
+                            waiting_lora_adapters=self.last_stats.waiting_lora_adapters)
+        self.last_stats = stats
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(stats)
 
     def _on_outputs(self, message: CoreOutputs, replica: int = 0) -> None:
         now = time.monotonic()
@@ -322,10 +364,12 @@ class AsyncLLM:
         self.tracked.clear()
 
     async def _watch_process(self) -> None:
-        while all(process.is_alive() for process in self.processes):
+        """A local engine core that exits loses its replica (the connection's end usually says so first)."""
+        while self.dead_error is None:
+            for replica, process in enumerate(self._replica_processes):
+                if process is not None and replica not in self.lost_replicas and not process.is_alive():
+                    self._lose(replica, f"{process.role} process exited (exit code {process.process.exitcode})")
             await asyncio.sleep(0.5)
-        dead = next(p for p in self.processes if not p.is_alive())
-        self._die(EngineDeadError(f"{dead.role} process exited (exit code {dead.process.exitcode})"))
 
     async def _log_loop(self) -> None:
         while True:

@@ -31,8 +31,9 @@ class RequestError(RuntimeError):
 def start_engine_core(config: KernelConfig) -> tuple[hostproc.HostProcess, Listener, dict]:
     """Spawn ``engine-core`` and wait for its ready report; returns (process, listener with its connection pending, info)."""
     listener = Listener(os.path.join(private_socket_dir(), "engine-core.sock"))
-    process = hostproc.spawn("kernelcore.engine.core_proc.run_engine_core", role="engine-core",
-                             args=(config, listener.path))
+    p = config.parallel
+    role = "engine-core" if p.data_parallel_size == 1 else f"engine-core-dp{p.data_parallel_rank}"
+    process = hostproc.spawn("kernelcore.engine.core_proc.run_engine_core", role=role, args=(config, listener.path))
     try:
         info = process.wait_ready(envs.KC_READY_TIMEOUT)
     except BaseException:

@@ -115,6 +115,8 @@ class DPRouter:
             "kv": series(prom.Gauge, "dp_kv_cache_usage_perc", "KV-cache use (0..1), per replica."),
             "hits": series(prom.Counter, "dp_prefix_cache_hits", "Prompt tokens found in the cache, per replica."),
             "up": series(prom.Gauge, "dp_replica_up", "1 while the replica serves, 0 once it was lost."),
+            "resubmitted": series(prom.Counter, "dp_requests_resubmitted",
+                                  "Requests in flight on the replica when it was lost, carried to another one."),
             "queries": series(prom.Counter, "dp_prefix_cache_queries", "Prompt tokens looked up, per replica."),
         }
         for gauge in metrics["up"]:
@@ -150,6 +152,13 @@ class DPRouter:
         if self.metrics is not None:
             for name in ("up", "running", "waiting", "kv"):
                 self.metrics[name][replica].set(0)
+
+    def resubmitted(self, lost: int, token_ids: list[int]) -> int:
+        """Where a request that was running on the lost replica goes on (and count it)."""
+        self.finished(lost)
+        if self.metrics is not None:
+            self.metrics["resubmitted"][lost].inc()
+        return self.choose(token_ids)
 
     def choose(self, token_ids: list[int]) -> int:
         keys = self._prefix_keys(token_ids)

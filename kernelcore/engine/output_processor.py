@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import msgspec
+
 from kernelcore.engine.detokenizer import IncrementalDetokenizer
 from kernelcore.core_types.runner_output import TokenLogprobs
 from kernelcore.engine.outputs import CompletionOutput, EngineCoreOutput, Logprob, RequestOutput
@@ -27,6 +29,7 @@ class ChildState:
         # its tokens wait here and are detokenized (the same incremental walk) at the end, off the decode steps.
         self.defer_text = params.output_kind == "final_only" and not params.stop
         self.undecoded: list[int] = []
+        self.core_request: EngineCoreRequest | None = None  # what the engine core was sent (to resume it elsewhere)
 
     def make_output(self, is_delta: bool) -> CompletionOutput:
         is_finished = self.finish_reason is not None
@@ -85,7 +88,9 @@ class OutputProcessor:
                 request_id=child_id, prompt_token_ids=prompt_token_ids, sampling_params=child_params,
                 eos_token_id=eos_token_id, arrival_time=parent.arrival_time, lora_id=lora_id,
                 parent_id=None if params.n == 1 else request_id))
-            parent.children.append(ChildState(child_id, index, parent, self.tokenizer))
+            child = ChildState(child_id, index, parent, self.tokenizer)
+            child.core_request = core_requests[-1]
+            parent.children.append(child)
         self.parents[request_id] = parent
         for child in parent.children:
             self.children[child.request_id] = child
@@ -101,6 +106,20 @@ class OutputProcessor:
                 if child.finish_reason is None:
                     child_ids.append(child.request_id)
         return child_ids
+
+    def resume_requests(self, request_id: str) -> list[EngineCoreRequest]:
+        """The engine-core requests that continue this request's unfinished samples on another replica: each
+        carries the tokens it produced so far (its prompt logprobs were already reported)."""
+        parent = self.parents.get(request_id)
+        resumed = []
+        for child in parent.children if parent else ():
+            if child.finish_reason is None and child.core_request is not None:
+                params = child.core_request.sampling_params
+                if params.prompt_logprobs is not None:
+                    params = params.clone(prompt_logprobs=None)
+                resumed.append(msgspec.structs.replace(child.core_request, sampling_params=params,
+                                                       output_token_ids=list(child.token_ids)))
+        return resumed
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
         """Returns the RequestOutputs to hand out and the child ids to abort in the core (stop strings)."""

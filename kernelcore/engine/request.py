@@ -18,6 +18,9 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     arrival_time: float = 0.0
     lora_id: int = 0
     parent_id: str | None = None  # parallel samples (n > 1) of one prompt share it
+    # A request carried over from a lost data-parallel replica: the tokens it had produced there. It continues
+    # after them (they count as output: max_tokens, min_tokens, penalties, the grammar, the seeded draws).
+    output_token_ids: list[int] = []
 
 
 class RequestStatus(enum.IntEnum):
@@ -47,7 +50,7 @@ class Request:
         self.parent_id = req.parent_id
         self.arrival_time = req.arrival_time or time.time()
         self.num_prompt_tokens = len(req.prompt_token_ids)
-        self.all_token_ids = list(req.prompt_token_ids)
+        self.all_token_ids = [*req.prompt_token_ids, *req.output_token_ids]
         params = req.sampling_params
         self.max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - self.num_prompt_tokens
         self.stop_token_ids = set(params.stop_token_ids or ())

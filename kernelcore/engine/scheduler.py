@@ -208,7 +208,7 @@ class Scheduler:
             if request.num_sent_tokens == 0:
                 new_reqs.append(NewRequestData(request.request_id, request.all_token_ids[:], request.sampling_params,
                                                request.block_ids[:], request.num_computed_tokens, request.lora_id,
-                                               request.eos_token_id))
+                                               request.eos_token_id, request.num_prompt_tokens))
             else:
                 is_resumed = request.is_resumed
                 cached_reqs.append(CachedRequestData(

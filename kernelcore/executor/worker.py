@@ -41,9 +41,10 @@ class CachedRequestState:
                  "lora_id", "generator", "num_prompt_logprobs_done", "min_tokens_ids")
 
     def __init__(self, req_id: str, token_ids: list[int], params: SamplingParams, block_ids: list[int],
-                 num_computed_tokens: int, lora_id: int, eos_token_id: int | None = None) -> None:
+                 num_computed_tokens: int, lora_id: int, eos_token_id: int | None = None,
+                 num_prompt_tokens: int = -1) -> None:
         self.req_id, self.token_ids, self.params = req_id, token_ids, params
-        self.num_prompt_tokens = len(token_ids)
+        self.num_prompt_tokens = len(token_ids) if num_prompt_tokens < 0 else num_prompt_tokens
         self.block_ids, self.num_computed_tokens, self.lora_id = block_ids, num_computed_tokens, lora_id
         self.generator = None
         if params.seed is not None:
@@ -51,6 +52,15 @@ class CachedRequestState:
         eos = [eos_token_id] if eos_token_id is not None and not params.ignore_eos else []
         self.min_tokens_ids = list(params.stop_token_ids or ()) + eos  # forbidden until min_tokens are out
         self.num_prompt_logprobs_done = 1 if params.prompt_logprobs is not None else self.num_prompt_tokens
+
+    def seed_generator(self) -> None:
+        """Seeded draws are a function of (seed, output position), not of the draws before: a request carried to
+        another replica with its tokens continues exactly as it would have (and a row's draws never depend on
+        how earlier steps were split)."""
+        seed = self.params.seed
+        if self.generator is not None and seed is not None:
+            position = len(self.token_ids) - self.num_prompt_tokens
+            self.generator.manual_seed((seed + position * 0x9E3779B97F4A7C15) % (1 << 64))
 
 
 class WorkerBase:
@@ -114,7 +124,7 @@ class WorkerBase:
         for new in so.new_reqs:
             self.requests[new.req_id] = CachedRequestState(new.req_id, list(new.prompt_token_ids), new.sampling_params,
                                                            list(new.block_ids), new.num_computed_tokens, new.lora_id,
-                                                           new.eos_token_id)
+                                                           new.eos_token_id, new.num_prompt_tokens)
         for cached in so.cached_reqs:
             state = self.requests[cached.req_id]
             state.token_ids.extend(cached.new_token_ids)
@@ -216,6 +226,8 @@ class WorkerBase:
 
     def _sample(self, logits: torch.Tensor, states: list[CachedRequestState], output: ModelRunnerOutput) -> None:
         md = self._sampling_metadata(states)
+        for state in states:
+            state.seed_generator()
         result = self.sampler(logits, md)
         output.sampled_token_ids = result.sampled_token_ids.tolist()
         if result.logprobs is not None:
@@ -235,6 +247,7 @@ class WorkerBase:
         prompts: list[list[int]] = []
         outputs: list[list[int]] = []
         for state, d in zip(states, drafts):
+            state.seed_generator()
             num_output = len(state.token_ids) - state.num_prompt_tokens
             for j in range(len(d) + 1):  # row j samples after j drafts
                 row = len(params)

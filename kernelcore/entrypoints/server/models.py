@@ -31,7 +31,13 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.Response(status=503 if get_state(request).engine.is_dead else 200)
+    """200 while requests can be served (a lost data-parallel replica is named in the body: the others serve);
+    503 once none can, naming what was lost."""
+    engine = get_state(request).engine
+    if engine.is_dead:
+        return web.Response(status=503, text=f"{getattr(engine, 'dead_error', None) or 'the engine is not running'}\n")
+    lost = getattr(engine, "lost_replicas", None)
+    return web.Response(text="".join(f"{why}\n" for why in lost.values())) if lost else web.Response()
 
 
 async def version(request: web.Request) -> web.Response:

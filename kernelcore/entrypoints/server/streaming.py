@@ -40,11 +40,17 @@ def engine_error(exc: BaseException) -> APIError:
         return APIError(SHUTTING_DOWN, 503)
     if isinstance(exc, EngineDeadError):
         logger.error("request refused: %s", exc)
-        return APIError("The engine is not running; this server cannot serve requests now", 503)
+        return APIError(f"The engine is not running; this server cannot serve requests now ({dead_reason(exc)})", 503)
     if isinstance(exc, ValueError):  # admission: the request can never be served (our own message)
         return APIError(str(exc), 400)
     logger.error("request failed in the engine: %s: %s", type(exc).__name__, exc)
     return APIError("The request failed inside the engine; the server log has the details", 500)
+
+
+def dead_reason(exc: BaseException) -> str:
+    """Why the engine is dead, in the engine's own words (which replica or process was lost, and how)."""
+    text = str(exc)
+    return text.removeprefix("the engine is dead: ") or "it stopped"
 
 
 SHUTTING_DOWN = "The server is shutting down; the request was stopped"
