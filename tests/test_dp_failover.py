@@ -2,7 +2,7 @@
 replica's engine core while 16 streams and 2 plain requests run costs them nothing but a pause (each carried to
 the other replica with its tokens and sampling state: the same text as an undisturbed run, greedy and seeded),
 /health stays 200 naming the lost replica, the metrics say which replica is down and count what was carried;
-losing the last replica fails what runs with the clear error, naming it, and /health turns 503."""
+losing the last replica fails what runs with the clear error, naming it, and /health turns 503. A killed tensor-parallel worker of one replica (DP=2 x TP=2) loses that replica only."""
 
 from __future__ import annotations
 
@@ -142,3 +142,57 @@ def test_a_killed_replica_costs_its_requests_nothing_and_the_last_one_fails_clea
     assert health.status_code == 503 and "data-parallel replica 0 (local) lost" in health.text, health.text
     log = server_log(proc)
     assert "Traceback" not in log, log
+
+
+WORKER_KILL = """
+import asyncio, json, os, signal
+import psutil
+from kernelcore.config_builder import build_config
+from kernelcore.engine.async_llm import AsyncLLM
+from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.models.default_model import ensure_default_model
+
+PROMPTS = [[3 + i, 40 + i, 17, 99, 5 * i + 1, 8] for i in range(4)]
+PARAMS = [SamplingParams(temperature=0.8, seed=i, max_tokens=120, ignore_eos=True) if i % 2 else
+          SamplingParams(temperature=0, max_tokens=120, ignore_eos=True) for i in range(4)]
+
+async def run(llm, tag, kill=False):
+    progress, started, out = [0] * 4, asyncio.Event(), {}
+
+    async def one(i):
+        async for o in llm.generate(f"{tag}-{i}", PROMPTS[i], PARAMS[i]):
+            progress[i] = len(o.outputs[0].token_ids)
+            if min(progress) >= 3:
+                started.set()
+        out[i] = o.outputs[0].token_ids
+
+    tasks = [asyncio.create_task(one(i)) for i in range(4)]
+    if kill:
+        await started.wait()
+        core = psutil.Process(llm._replica_processes[1].pid)
+        workers = [c for c in core.children(recursive=True) if "kc::worker" in " ".join(c.cmdline())]
+        workers[-1].send_signal(signal.SIGKILL)  # one tensor-parallel worker of replica 1
+    await asyncio.gather(*tasks)
+    return [out[i] for i in range(4)]
+
+async def main():
+    llm = await AsyncLLM.create(build_config(model=ensure_default_model(), kv_cache_memory=1 << 24,
+                                             data_parallel_size=2, tensor_parallel_size=2))
+    reference = await run(llm, "reference")
+    disturbed = await run(llm, "disturbed", kill=True)
+    result = {"same": disturbed == reference, "lost": list(llm.lost_replicas.values()), "is_dead": llm.is_dead}
+    await llm.shutdown()
+    print(json.dumps(result))
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def test_a_lost_tensor_parallel_worker_loses_only_its_replica():
+    from helpers import run_python
+
+    result = json.loads(run_python(WORKER_KILL, timeout=600).stdout.strip().splitlines()[-1])
+    assert result["same"] and not result["is_dead"], result
+    assert len(result["lost"]) == 1 and "data-parallel replica 1 (local) lost" in result["lost"][0], result
+    assert "worker-1" in result["lost"][0]
