@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from kernelcore.config import KernelConfig
 from kernelcore.engine.core_client import EngineDeadError, RequestError
+from kernelcore.engine.dp_failover import ReplicaFailover
 from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
                                          LoraAdded, RemoveLora, ShutdownCore)
 from kernelcore.engine.output_processor import OutputProcessor
@@ -44,7 +45,7 @@ class _Tracked:
     num_generation_tokens: int = 0
 
 
-class AsyncLLM:
+class AsyncLLM(ReplicaFailover):
     num_blocks: int  # set by create(), from the first replica
     vocab_size: int
 
@@ -103,9 +104,6 @@ class AsyncLLM:
         replica = self.replica_of.get(request_id, 0)
         if replica not in self.lost_replicas:
             self._channels[replica].send_nowait(message)
-
-    def _serving(self) -> list[int]:
-        return [r for r in range(len(self._channels)) if r not in self.lost_replicas]
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -231,61 +229,6 @@ class AsyncLLM:
                     why = f"{process.role} process exited (exit code {process.process.exitcode})"
             self._lose(replica, why)
 
-    def _lose(self, replica: int, why: str) -> None:
-        """A lost replica is dropped and its requests go on elsewhere; losing the last one kills the engine."""
-        if replica in self.lost_replicas or self.dead_error is not None:
-            return
-        if self.router is None:
-            self._die(EngineDeadError(why))
-            return
-        why = f"data-parallel replica {replica} ({self.replica_hosts[replica]}) lost: {why}"
-        if len(self._serving()) <= 1:
-            self._die(EngineDeadError(why))
-            return
-        logger.error("%s; its requests go on on the other replicas", why)
-        self.lost_replicas[replica] = why
-        self.router.drop(replica)
-        self._channels[replica].close()
-        process = self._replica_processes[replica]
-        if process is not None:  # an engine core that lost its workers may still be alive
-            self._tasks.append(asyncio.create_task(asyncio.to_thread(process.terminate), name=f"kc-end-replica-{replica}"))
-        for answer_key, answer in list(self._lora_answers.items()):
-            if answer_key[1] == replica and not answer.done():
-                answer.set_result(None)  # a lost replica does not veto an adapter
-        num_moved = 0
-        for request_id in [rid for rid, r in self.replica_of.items() if r == replica]:
-            num_moved += self._resubmit(request_id, replica)
-        if num_moved:
-            logger.warning("%d request(s) of data-parallel replica %d resumed on the other replicas", num_moved,
-                           replica)
-        self._publish_gauges()
-
-    def _resubmit(self, request_id: str, lost: int) -> int:
-        """Carry one request of a lost replica to another: its prompt, the tokens it has produced and its sampling
-        parameters (seeded draws depend on the seed and the position only), so it goes on where it stopped."""
-        assert self.router is not None  # only data parallelism loses a replica and serves on
-        core_requests = self.output_processor.resume_requests(request_id)
-        parent = self.output_processor.parents.get(request_id)
-        if not core_requests or parent is None or request_id not in self.tracked:
-            return 0
-        target = self.router.resubmitted(lost, parent.prompt_token_ids)
-        self.replica_of[request_id] = target
-        self._channels[target].send_nowait(AddRequests(core_requests))
-        return 1
-
-    def _publish_gauges(self) -> None:
-        """Engine-wide gauges without the lost replicas' share, now (the others may be idle and report nothing)."""
-        assert self.router is not None
-        latest, serving = self.router.latest, self._serving()
-        stats = EngineStats(timestamp=self.last_stats.timestamp, num_running=sum(s.num_running for s in latest),
-                            num_waiting=sum(s.num_waiting for s in latest),
-                            kv_cache_usage=sum(s.kv_cache_usage for s in latest) / max(1, len(serving)),
-                            running_lora_adapters=self.last_stats.running_lora_adapters,
-                            waiting_lora_adapters=self.last_stats.waiting_lora_adapters)
-        self.last_stats = stats
-        for stat_logger in self.stat_loggers:
-            stat_logger.record(stats)
-
     def _on_outputs(self, message: CoreOutputs, replica: int = 0) -> None:
         now = time.monotonic()
         outputs, to_abort = self.output_processor.process_outputs(message.outputs.outputs)
@@ -362,14 +305,6 @@ class AsyncLLM:
         for request_id, tracked in list(self.tracked.items()):
             tracked.queue.put_nowait(EngineDeadError(str(error)))
         self.tracked.clear()
-
-    async def _watch_process(self) -> None:
-        """A local engine core that exits loses its replica (the connection's end usually says so first)."""
-        while self.dead_error is None:
-            for replica, process in enumerate(self._replica_processes):
-                if process is not None and replica not in self.lost_replicas and not process.is_alive():
-                    self._lose(replica, f"{process.role} process exited (exit code {process.process.exitcode})")
-            await asyncio.sleep(0.5)
 
     async def _log_loop(self) -> None:
         while True:
