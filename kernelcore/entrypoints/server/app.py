@@ -32,8 +32,14 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return route_error_response(request, APIError(exc.reason, exc.status), headers)
-    except (asyncio.CancelledError, ConnectionError):
+    except asyncio.CancelledError:
         raise
+    except ConnectionError:
+        if request.transport is None or request.transport.is_closing():  # the client left: nobody reads a reply
+            logger.debug("client of %s %s went away", request.method, request.path)
+            return web.Response(status=499)
+        logger.exception("Unhandled error in %s %s", request.method, request.path)
+        return route_error_response(request, APIError("Internal server error", 500), headers)
     except Exception:
         logger.exception("Unhandled error in %s %s", request.method, request.path)
         return route_error_response(request, APIError("Internal server error", 500), headers)
