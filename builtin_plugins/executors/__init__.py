@@ -5,7 +5,11 @@
 ``ray``: one Ray actor per rank on an existing Ray cluster, placed with a placement group.
 """
 
-from kernelcore import hookimpl
+from kernelcore import envs, hookimpl
+
+# Seconds of silence after which a node (or, on a node, the head) counts as lost; set it alike on every host.
+# TCP's retransmission backoff makes a partition of about half this long the most a link can survive.
+envs.declare("KC_CLUSTER_HEARTBEAT_TIMEOUT", lambda v: 10.0 if v is None else float(v), owner="executors")
 
 
 @hookimpl

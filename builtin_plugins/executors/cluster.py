@@ -14,6 +14,7 @@ from typing import Union, cast
 
 import msgspec
 
+from kernelcore import envs
 from kernelcore.config import KernelConfig
 from kernelcore.config_fingerprint import fingerprint, mismatches
 from kernelcore.hostproc import ProcessStartError
@@ -23,7 +24,7 @@ from kernelcore.hostproc.tcp import accept_authenticated, connect_authenticated,
 logger = logging.getLogger("kernelcore.cluster")
 
 HEARTBEAT_INTERVAL = 1.0
-HEARTBEAT_TIMEOUT = 10.0  # a node (or the head) silent this long is gone: detection well under 20 s
+HEARTBEAT_TIMEOUT = 10.0  # default of KC_CLUSTER_HEARTBEAT_TIMEOUT: a node (or the head) silent this long is gone
 CLUSTER_SCHEME = "kc-cluster://"
 
 
@@ -60,8 +61,9 @@ def exchange_heartbeats(channel: Channel, stop: threading.Event, send_lock: thre
             last_heard = time.monotonic()
             if isinstance(message, NodeShutdown):
                 return "shutdown"
-        if time.monotonic() - last_heard > HEARTBEAT_TIMEOUT:
-            raise TimeoutError(f"no heartbeat for {HEARTBEAT_TIMEOUT:.0f}s")
+        timeout = envs.KC_CLUSTER_HEARTBEAT_TIMEOUT
+        if time.monotonic() - last_heard > timeout:
+            raise TimeoutError(f"no heartbeat for {timeout:g}s")
     return "stopped"
 
 
