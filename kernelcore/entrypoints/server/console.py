@@ -2,6 +2,10 @@
 
 The page and its assets load without the API key (they hold no data); everything under /console/api/ sits
 behind --api-key like the rest of the API, and the page asks for the key when a call answers 401.
+
+The page shows text from the server (model output, model and plugin names, error messages) as text only, and
+is served with a Content-Security-Policy that allows no inline script, so markup in that text cannot run even
+if a later edit of app.js slipped.
 """
 
 from __future__ import annotations
@@ -21,10 +25,26 @@ STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 STATIC_PREFIX = "/console/static/"
 MAX_TRACE_EVENTS = 2000  # per call; the page asks again from the returned offset
 
+# What the page needs and nothing more: its own script, stylesheet and JSON calls, and the empty data: favicon.
+# No 'unsafe-inline' and no 'unsafe-eval': index.html has no inline script, style or event handler; keep it so.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src data:; "
+                           "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
 
 def is_public(path: str) -> bool:
     """The page and its assets: no data in them, so a browser can load them before it knows the key."""
     return path == "/" or (path.startswith(STATIC_PREFIX) and ".." not in path.split("/"))
+
+
+async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """On every answer for the page and its assets (200, 304, 404, HEAD alike), set just before it is sent."""
+    if request.path == "/" or request.path.startswith(STATIC_PREFIX):
+        response.headers.update(SECURITY_HEADERS)
 
 
 async def index(request: web.Request) -> web.FileResponse:
@@ -133,6 +153,7 @@ async def stats(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app.on_response_prepare.append(add_security_headers)
     app.router.add_get("/", index)
     app.router.add_static(STATIC_PREFIX, STATIC_DIR, append_version=False)
     app.router.add_get("/console/api/overview", overview)

@@ -5,16 +5,30 @@ const $ = (id) => document.getElementById(id);
 const KEY_STORAGE = "kc-api-key";
 let keyWaiters = [];
 
+// Text from the server (model output, model and plugin names, error messages) reaches the page only as text:
+// textContent, Text nodes (append() of a string) and inert attributes. No HTML-parsing or code-evaluating sink
+// is used anywhere, and el() refuses the attributes that would run text or load it as a URL or a style (event
+// handlers, href, src, style...). On top of this, the page's CSP forbids inline script.
+const UNSAFE_ATTRIBUTES = /^(on|href$|src|xlink:href$|action$|formaction$|style$|srcdoc$|background$|poster$|data$)/i;
+
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v; else if (k === "text") node.textContent = v; else node.setAttribute(k, v);
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (UNSAFE_ATTRIBUTES.test(k)) throw new Error(`el(): refusing the ${k} attribute`);
+    else node.setAttribute(k, v);
   }
-  for (const child of children) node.append(child);
+  for (const child of children) node.append(child);  // a string becomes a Text node, never markup
   return node;
 }
 
+// A class name from the server's words only when it is one the stylesheet knows.
+const STATUS_CLASSES = new Set(["discovered", "loaded", "blocked", "not-allowed", "failed"]);
+const statusTag = (status) => (STATUS_CLASSES.has(status) ? `tag ${status}` : "tag");
+
 // -- the API key: asked for when a call answers 401, kept in this browser's session ------------------------------
+// It only ever travels in the Authorization header: never in a URL (no query string, no form submission).
 
 function authHeaders() {
   const key = sessionStorage.getItem(KEY_STORAGE);
@@ -253,7 +267,7 @@ const Console = {
       ...o.plugins.map((r) => el("tr", { "data-plugin": r.name },
         el("td", { text: r.group.replace("kernelcore.", "") }), el("td", { text: r.name }), el("td", { text: `${r.dist} ${r.version}` }),
         el("td", { text: r.is_builtin ? "built-in" : "third-party" }),
-        el("td", {}, el("span", { class: `tag ${r.status}`, text: r.status }), r.error ? el("div", { class: "error", text: r.error }) : ""),
+        el("td", {}, el("span", { class: statusTag(r.status), text: r.status }), r.error ? el("div", { class: "error", text: r.error }) : ""),
         el("td", {}, ...r.hooks.map((h) => el("span", { class: "tag", text: h }))))));
     const depth = new Map();
     $("processes").replaceChildren(header("process", "pid", "host", "platform", "state", "plugins loaded"),
@@ -288,7 +302,7 @@ const Console = {
   },
 
   async trace() {
-    const t = await apiJSON(`/console/api/trace?offset=${this.traceOffset}`);
+    const t = await apiJSON(`/console/api/trace?offset=${encodeURIComponent(this.traceOffset)}`);
     if (!t.enabled) {
       $("timeline").replaceChildren(el("p", { class: "muted",
         text: "No trace: start the server with KC_TRACE_PLUGINS=/path/trace.jsonl to see every hook call, per process, here (the `kc plugins tour` view)." }));
