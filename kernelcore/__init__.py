@@ -4,7 +4,7 @@
 """
 
 from kernelcore.contract import CONTRACT_VERSION, require_contract
-from kernelcore.hookspecs import hookimpl, hookspec
+from kernelcore.contract.hookspecs import hookimpl, hookspec
 
 __version__ = "0.1.0"
 __all__ = ["CONTRACT_VERSION", "hookimpl", "hookspec", "require_contract", "LLM", "SamplingParams", "__version__"]

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any
 
-from kernelcore.config import (CacheConfig, DecodingConfig, KernelConfig, LoraConfig, ModelConfig, ParallelConfig,
+from kernelcore.contract.config import (CacheConfig, DecodingConfig, KernelConfig, LoraConfig, ModelConfig, ParallelConfig,
                                SchedulerConfig, SpeculativeConfig, validate_custom_ops)
 
 logger = logging.getLogger("kernelcore.config")

@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 
 
 def _model_description(path: str) -> bytes:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from kernelcore.config import get_current_config
+from kernelcore.contract.config import get_current_config
 
 logger = logging.getLogger("kernelcore.custom_op")
 

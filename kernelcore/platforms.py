@@ -1,4 +1,4 @@
-"""The Platform base class and platform detection.
+"""Platform detection and this process's platform (the base class is :class:`kernelcore.contract.platform.Platform`).
 
 ``current_platform`` is resolved lazily on first attribute access (PEP 562),
 never at ``import kernelcore``.
@@ -6,69 +6,20 @@ never at ``import kernelcore``.
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import logging
 import time
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kernelcore import envs, plugins
-from kernelcore.hookspecs import hookimpl
+from kernelcore.contract.platform import Platform
+from kernelcore.contract.targets import resolve_obj_by_qualname
+
+__all__ = ["Detection", "Platform", "choose", "detect_all", "get_current_platform", "is_resolved",
+           "load_general_plugins", "resolve_obj_by_qualname", "resolve_platform"]
 
 logger = logging.getLogger("kernelcore.platforms")
-
-
-class Platform:
-    """Base class of every platform. One instance per process, registered with pluggy.
-
-    Subclasses override the hook methods below (keeping the ``@hookimpl``
-    marker) to take part in the platform hooks of :mod:`kernelcore.hookspecs`.
-    """
-
-    device_name: str = "unspecified"
-    device_type: str = "cpu"  # a torch device type
-    priority: int = 0  # among several active built-in platforms, the highest wins
-    dist_backend: str = "gloo"  # the torch.distributed backend executors join process groups with
-    plugin_name: str = "?"  # the entry point that detected it (set by the core)
-    is_builtin: bool = False  # set by the core from the entry point's distribution
-    decision: dict | None = None  # why it won, and every detector's answer (set by the core)
-
-    def is_out_of_tree(self) -> bool:
-        return not self.is_builtin
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(device_name={self.device_name!r}, plugin={self.plugin_name!r})"
-
-    # Default hook implementations: do nothing / pass.
-    @hookimpl
-    def pre_register_and_update(self, parser):
-        return None
-
-    @hookimpl
-    def check_and_update_config(self, config):
-        return None
-
-    @hookimpl
-    def get_attn_backend_cls(self, selector):
-        return None
-
-    @hookimpl
-    def get_device_communicator_cls(self):
-        return None
-
-    @hookimpl
-    def get_graph_capture_backend_cls(self, config):
-        return None
-
-
-def resolve_obj_by_qualname(qualname: str) -> Any:
-    module_name, _, obj_name = qualname.rpartition(".")
-    if ":" in qualname:
-        module_name, _, obj_name = qualname.partition(":")
-    if not module_name:
-        raise ValueError(f"{qualname!r} is not a dotted path 'pkg.mod.Name'")
-    return getattr(importlib.import_module(module_name), obj_name)
 
 
 @dataclass

@@ -14,7 +14,8 @@ from typing import Any
 
 import pluggy
 
-from kernelcore import envs, hookspecs
+from kernelcore import envs
+from kernelcore.contract import hookspecs
 from kernelcore.hostproc.role import get_role
 
 logger = logging.getLogger("kernelcore.plugins")

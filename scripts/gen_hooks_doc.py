@@ -1,15 +1,15 @@
-"""Regenerate docs/hooks.md from kernelcore/hookspecs.py and docs/examples/hooks/<hook>.py:
+"""Regenerate docs/hooks.md from kernelcore/contract/hookspecs.py and docs/examples/hooks/<hook>.py:
 python scripts/gen_hooks_doc.py > docs/hooks.md"""
 
 import inspect
 import os
 import re
 
-from kernelcore import hookspecs
+from kernelcore.contract import hookspecs
 
 HEADER = """# Hook reference
 
-Every hook of `kernelcore/hookspecs.py`, with its exact signature. Implement a hook with
+Every hook of `kernelcore/contract/hookspecs.py`, with its exact signature. Implement a hook with
 `from kernelcore import hookimpl` and a function (or platform method) of the same name; pluggy lets an
 implementation accept only some of the parameters. Each hook ends with an example from
 `docs/examples/hooks/`, which `tests/test_docs.py` runs; the test also compares this whole page with the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcore.hookspecs import hookimpl
+from kernelcore.contract.hookspecs import hookimpl
 
 
 @hookimpl

@@ -4,7 +4,7 @@ import functools
 import os
 
 from kernelcore import hookimpl
-from kernelcore.platforms import Platform
+from kernelcore.contract.platform import Platform
 
 
 class CpuPlatform(Platform):

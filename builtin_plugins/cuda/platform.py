@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 from kernelcore import hookimpl
-from kernelcore.platforms import Platform
+from kernelcore.contract.platform import Platform
 
 MISSING_TRITON = ("the CUDA platform runs Triton kernels, but triton is not installed: "
                   "pip install 'kernelcore[cuda]'")

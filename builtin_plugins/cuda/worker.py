@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from kernelcore.config import CacheConfig
+from kernelcore.contract.config import CacheConfig
 from kernelcore.distributed import init_distributed
 from kernelcore.executor.model_runner import ModelRunner
 from kernelcore.executor.worker import WorkerBase

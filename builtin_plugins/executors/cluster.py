@@ -15,7 +15,7 @@ from typing import Union, cast
 import msgspec
 
 from kernelcore import envs
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.config_fingerprint import fingerprint, mismatches
 from kernelcore.hostproc import ProcessStartError
 from kernelcore.hostproc.ipc import Channel

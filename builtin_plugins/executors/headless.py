@@ -12,7 +12,7 @@ import threading
 from typing import cast
 
 from kernelcore import envs, hostproc
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.hostproc.ipc import Channel
 from kernelcore.hostproc.tcp import HANDSHAKE_TIMEOUT, connect_authenticated
 

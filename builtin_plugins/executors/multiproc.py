@@ -16,7 +16,7 @@ from typing import Union, cast
 import msgspec
 
 from kernelcore import envs, hostproc
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput
 from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.errors import RequestStateError

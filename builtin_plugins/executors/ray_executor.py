@@ -14,7 +14,7 @@ import logging
 import msgspec
 
 from kernelcore import envs
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.executor.base import ExecutorBase, WorkerDiedError
 
 from builtin_plugins.executors.multiproc import Call, Execute, LoraCall, Reply, WorkerRequest

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from builtin_plugins.models.llama import head_dim_of, layer_sliding_window, rope_config
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
 from kernelcore.layers.activation import GeluAndMul
 from kernelcore.layers.attention import Attention

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, cast
 import torch
 from torch import nn
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
 from kernelcore.layers.activation import SiluAndMul
 from kernelcore.layers.attention import Attention

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
 from kernelcore.distributed import get_tp_group
 from kernelcore.layers.attention import Attention

@@ -7,7 +7,7 @@ from typing import Iterable
 import torch
 
 from builtin_plugins.models.llama import LlamaForCausalLM, LlamaModel, head_dim_of, rope_config
-from kernelcore.config import get_current_config
+from kernelcore.contract.config import get_current_config
 from kernelcore.layers.rotary import RotaryEmbedding, get_rope
 
 

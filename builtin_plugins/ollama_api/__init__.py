@@ -8,7 +8,7 @@ switches the routes off.
 
 from __future__ import annotations
 
-from kernelcore.hookspecs import hookimpl
+from kernelcore.contract.hookspecs import hookimpl
 
 
 @hookimpl

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernelcore.hookspecs import hookimpl
+from kernelcore.contract.hookspecs import hookimpl
 
 
 @hookimpl

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from kernelcore.hookspecs import hookimpl
+from kernelcore.contract.hookspecs import hookimpl
 
 _PARSERS = "builtin_plugins.structured_outputs.tool_parsers"
 _REASONING = "builtin_plugins.structured_outputs.reasoning"

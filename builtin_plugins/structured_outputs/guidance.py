@@ -12,7 +12,7 @@ import llguidance.torch
 import torch
 
 from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
-from kernelcore.structured_output.params import MAX_JSON_WHITESPACE, StructuredOutputsParams
+from kernelcore.contract.structured_output_params import MAX_JSON_WHITESPACE, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions

@@ -9,7 +9,7 @@ import torch
 import xgrammar as xgr
 
 from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
-from kernelcore.structured_output.params import MAX_JSON_WHITESPACE, StructuredOutputsParams
+from kernelcore.contract.structured_output_params import MAX_JSON_WHITESPACE, StructuredOutputsParams
 
 
 class XGrammarMatcher(GrammarMatcher):

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from kernelcore.contract.attention import AttentionSelector
 
 if TYPE_CHECKING:
     from kernelcore.attention.backend import AttentionBackend
 
-
-@dataclass(frozen=True)
-class AttentionSelector:
-    head_size: int
-    num_heads: int
-    num_kv_heads: int
-    dtype: str  # "float32", "bfloat16", ...
-    block_size: int
-    kv_cache_dtype: str = "auto"
-    sliding_window: int | None = None  # the layer attends to its last N positions only
+__all__ = ["AttentionSelector", "get_attn_backend"]
 
 
 @functools.cache

@@ -64,7 +64,7 @@ def _hook(platform: Any, name: str):
 
 
 def _platform_config(platform: Any):
-    from kernelcore.config import KernelConfig
+    from kernelcore.contract.config import KernelConfig
 
     config = KernelConfig(device_type=platform.device_type, platform_plugin=platform.plugin_name)
     for name in ("apply_config_platform_defaults", "check_and_update_config", "update_block_size_for_backend"):

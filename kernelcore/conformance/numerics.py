@@ -97,7 +97,7 @@ def _flat(value: Any) -> list[torch.Tensor]:
 
 def check_op_replacements() -> list[str]:
     """Each out-of-tree replacement subclasses its in-tree op and matches its forward_native."""
-    from kernelcore.config import KernelConfig, set_current_config
+    from kernelcore.contract.config import KernelConfig, set_current_config
     from kernelcore.custom_op import _find_in_tree, op_registry_oot
 
     notes = []

@@ -6,7 +6,7 @@ import math
 
 import msgspec
 
-from kernelcore.structured_output.params import StructuredOutputsParams
+from kernelcore.contract.structured_output_params import StructuredOutputsParams
 
 MAX_SEED = 2**63 - 1
 

@@ -7,7 +7,7 @@ import collections
 import logging
 import time
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest

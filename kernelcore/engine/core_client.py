@@ -11,7 +11,7 @@ import os
 from collections import deque
 
 from kernelcore import envs, hostproc
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
                                          FromCore, LoraAdded, ShutdownCore)
 from kernelcore.engine.outputs import EngineCoreOutputs

@@ -15,7 +15,7 @@ from typing import Union
 import msgspec
 
 from kernelcore import envs, hostproc
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.engine.output_coalescer import OutputCoalescer
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest

@@ -21,7 +21,7 @@ from typing import Union, cast
 import msgspec
 
 from kernelcore import envs, hostproc
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.config_fingerprint import fingerprint, mismatches
 from kernelcore.engine.core_proc import AbortRequests, AddLora, AddRequests, RemoveLora, ShutdownCore
 from kernelcore.hostproc.ipc import Channel, private_socket_dir, remove_private_dir, send_frame, use_private_root

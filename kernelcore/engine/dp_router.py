@@ -16,7 +16,7 @@ import os
 from collections.abc import Awaitable
 from typing import Any
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.metrics.stats import EngineStats
 
 

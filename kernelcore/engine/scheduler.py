@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput
 from kernelcore.core_types.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from kernelcore.engine.kv_cache_manager import KVCacheManager

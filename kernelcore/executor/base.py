@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput
 from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.errors import WorkerDiedError as WorkerDiedError  # public here too (docs/api.md)

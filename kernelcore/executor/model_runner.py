@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernelcore.attention.metadata import AttentionMetadata
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
 from kernelcore.executor.graph_runner import DecodeGraphRunner, capture_sizes, graph_capture_backend
 from kernelcore.forward_context import set_forward_context

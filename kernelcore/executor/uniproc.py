@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput
 from kernelcore.core_types.scheduler_output import SchedulerOutput
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput, TokenLogprobs
 from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.core_types.sampling_params import SamplingParams

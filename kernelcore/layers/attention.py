@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from kernelcore.attention.selector import AttentionSelector, get_attn_backend
-from kernelcore.config import get_current_config
+from kernelcore.contract.config import get_current_config
 from kernelcore.forward_context import get_forward_context
 
 

@@ -95,7 +95,7 @@ class Int8LinearMethod(LinearMethodBase):
 
 def make_linear_method() -> LinearMethodBase:
     """The method of the model being built (``config.model.quantization``; unquantized by default)."""
-    from kernelcore.config import get_current_config
+    from kernelcore.contract.config import get_current_config
     from kernelcore.quantization import make_linear_method as make
 
     return make(get_current_config().model.quantization)

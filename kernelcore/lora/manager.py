@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernelcore.config import KernelConfig
+from kernelcore.contract.config import KernelConfig
 from kernelcore.distributed import get_tp_group
 from kernelcore.forward_context import get_forward_context
 from kernelcore.layers.linear import LinearBase

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from kernelcore.config import KernelConfig, set_current_config
+from kernelcore.contract.config import KernelConfig, set_current_config
 
 logger = logging.getLogger("kernelcore.models")
 

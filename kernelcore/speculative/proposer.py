@@ -1,79 +1,18 @@
-"""The proposer contract: what a plugin implements to propose draft tokens, and the registry it fills.
-
-A proposer runs in the engine-core process, once per step, over the running requests that decode. It sees
-each request's whole token sequence (prompt and output) and returns up to ``num_tokens`` guesses of what
-follows. Guesses cost one wider forward pass to check and are free to be wrong: the engine keeps only the
-prefix the target model agrees with (greedy) or accepts by rejection sampling (temperature > 0), so the
-output is the plain decoding output whatever the proposer says.
-"""
+"""The speculative proposers of this process: the registry filled by the ``register_speculative_proposers`` hook,
+and ``--speculative-config`` checked against it (the contract, base class and registry type, is
+:mod:`kernelcore.contract.speculative`)."""
 
 from __future__ import annotations
 
-import abc
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Callable
+from dataclasses import fields
+from typing import Any
 
-from kernelcore.config import SpeculativeConfig
+from kernelcore.contract.config import SpeculativeConfig
+from kernelcore.contract.speculative import ProposalRequest, Proposer, ProposerFactory, SpeculativeProposerRegistry
 
-
-@dataclass
-class ProposalRequest:
-    """One decoding request asking for drafts this step."""
-
-    request_id: str
-    token_ids: Sequence[int]  # prompt and output so far; the last token is the one this step computes
-    num_tokens: int  # drafts wanted at most (>= 1)
-    num_prompt_tokens: int = 0
-
-
-class Proposer(abc.ABC):
-    """Guesses the next tokens of running requests. Constructed as ``factory(config, vocab_size)`` with the
-    engine's :class:`~kernelcore.config.KernelConfig`; ``config.speculative`` holds its settings."""
-
-    @abc.abstractmethod
-    def propose(self, requests: list[ProposalRequest]) -> list[list[int]]:
-        """Draft tokens for each request, in order (an empty list: no guess for that one this step).
-
-        A list longer than its ``num_tokens`` is cut; ids outside the vocabulary are dropped with what follows.
-        """
-
-    def remove(self, request_id: str) -> None:
-        """Forget a finished request's state (proposers that keep some override it)."""
-
-
-ProposerFactory = Callable[[Any, int], Proposer] | str  # or "module:Class", imported on first use
-
-
-class SpeculativeProposerRegistry:
-    """Proposers by method name (``--speculative-config '{"method": NAME, ...}'``)."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[ProposerFactory, str | None]] = {}
-        self.owner: str | None = None  # the plugin whose hook is registering (set by build_registry)
-
-    def register(self, name: str, factory: ProposerFactory) -> None:
-        if name in self._entries:
-            raise ValueError(f"speculative proposer {name!r} is registered twice")
-        self._entries[name] = (factory, self.owner)
-
-    def names(self) -> list[str]:
-        return sorted(self._entries)
-
-    def owners(self) -> dict[str, str | None]:
-        return {name: self._entries[name][1] for name in self.names()}
-
-    def factory(self, name: str) -> Callable[[Any, int], Proposer]:
-        if name not in self._entries:
-            raise ValueError(f"unknown speculative method {name!r}; installed: {', '.join(self.names()) or 'none'}")
-        factory = self._entries[name][0]
-        if isinstance(factory, str):
-            import importlib
-
-            module, _, attr = factory.partition(":")
-            factory = getattr(importlib.import_module(module), attr)
-        return factory
+__all__ = ["ProposalRequest", "Proposer", "ProposerFactory", "SpeculativeProposerRegistry", "build_registry",
+           "parse_speculative_config"]
 
 
 def build_registry() -> SpeculativeProposerRegistry:

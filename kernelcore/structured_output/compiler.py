@@ -9,7 +9,7 @@ from typing import Any
 
 from kernelcore.structured_output.backend import (StructuredOutputBackend, StructuredOutputBackendRegistry,
                                                   UnsupportedConstraint, build_registry)
-from kernelcore.structured_output.params import StructuredOutputsParams
+from kernelcore.contract.structured_output_params import StructuredOutputsParams
 
 logger = logging.getLogger("kernelcore.structured_output")
 CACHE_SIZE = 256

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelcore.entrypoints.server.errors import bad_request
-from kernelcore.structured_output.params import StructuredOutputsParams
+from kernelcore.contract.structured_output_params import StructuredOutputsParams
 
 
 def new_call_id() -> str:

@@ -1,4 +1,20 @@
-"""The plugin contract's version, and the deprecation path for hooks and public names.
+"""The plugin contract: everything a plugin may touch, on the bottom floor of kernelcore.
+
+This package imports nothing of kernelcore outside itself, so a plugin author reads it alone:
+
+* :mod:`~kernelcore.contract.hookspecs`: every hook, documented (docs/hooks.md is generated from it);
+* the registry types the registration hooks hand to plugins, plain containers with ``register(...)``:
+  :mod:`~kernelcore.contract.models`, :mod:`~kernelcore.contract.kernels`, :mod:`~kernelcore.contract.quantization`,
+  :mod:`~kernelcore.contract.executors`, :mod:`~kernelcore.contract.lora`,
+  :mod:`~kernelcore.contract.structured_output`, :mod:`~kernelcore.contract.parsers`,
+  :mod:`~kernelcore.contract.speculative`;
+* the value types hooks mention: :mod:`~kernelcore.contract.config` (``KernelConfig``),
+  :mod:`~kernelcore.contract.attention` (``AttentionSelector``), :mod:`~kernelcore.contract.platform` (the
+  ``Platform`` base class), :mod:`~kernelcore.contract.structured_output_params`;
+* this module: the contract's version and the deprecation path for hooks and public names.
+
+The code that calls the hooks and fills the registries lives above: the plugin machinery
+(:mod:`kernelcore.plugins`, :mod:`kernelcore.platforms`) and each subsystem's loader.
 
 ``CONTRACT_VERSION`` is (major, minor). A plugin built for N.m works on every N.m' with m' >= m:
 minor versions only add (hooks, hook parameters, public names); a removal or an incompatible change
