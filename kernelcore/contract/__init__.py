@@ -2,7 +2,9 @@
 
 This package imports nothing of kernelcore outside itself, so a plugin author reads it alone:
 
-* :mod:`~kernelcore.contract.hookspecs`: every hook, documented (docs/hooks.md is generated from it);
+* :mod:`~kernelcore.contract.hookspecs`: every hook, documented (docs/hooks.md is generated from it): the
+  platform hooks (:mod:`~kernelcore.contract.platform_hooks`), the general ones
+  (:mod:`~kernelcore.contract.general_hooks`) and the pluggy markers (:mod:`~kernelcore.contract.markers`);
 * the registry types the registration hooks hand to plugins, plain containers with ``register(...)``:
   :mod:`~kernelcore.contract.models`, :mod:`~kernelcore.contract.kernels`, :mod:`~kernelcore.contract.quantization`,
   :mod:`~kernelcore.contract.executors`, :mod:`~kernelcore.contract.lora`,
@@ -11,6 +13,7 @@ This package imports nothing of kernelcore outside itself, so a plugin author re
 * the value types hooks mention: :mod:`~kernelcore.contract.config` (``KernelConfig``),
   :mod:`~kernelcore.contract.attention` (``AttentionSelector``), :mod:`~kernelcore.contract.platform` (the
   ``Platform`` base class), :mod:`~kernelcore.contract.structured_output_params`;
+* the base class of the ``kernelcore.stat_logger_plugins`` group: :mod:`~kernelcore.contract.stat_logger`;
 * this module: the contract's version and the deprecation path for hooks and public names.
 
 The code that calls the hooks and fills the registries lives above: the plugin machinery

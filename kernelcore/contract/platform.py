@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kernelcore.contract.hookspecs import hookimpl
+from kernelcore.contract.markers import hookimpl
 
 
 class Platform:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import signal
 import sys
@@ -20,7 +19,9 @@ from typing import IO, Any, AsyncIterator
 import click
 
 from kernelcore.entrypoints.batch_file import BatchRequest, LineError, new_request_id, output_line, parse_lines
-from kernelcore.entrypoints.serve import _check_topology, _speculative_config, parse_size, serve_cmd
+from kernelcore.entrypoints.serve import serve_cmd
+from kernelcore.entrypoints.serve_config import (build_engine_config, build_server_options, check_model_options,
+                                                 check_topology)
 
 logger = logging.getLogger("kernelcore.run_batch")
 
@@ -110,57 +111,13 @@ def _open_output(path: str) -> Any:
 
 def _build(o: dict[str, Any]) -> tuple[Any, Any]:
     """The engine config and the server's options from `kc serve`'s flags, checked as `kc serve` checks them."""
-    from kernelcore.config_builder import build_config
-    from kernelcore.engine.tokenizer import TokenizerError, try_get_tokenizer
-    from kernelcore.entrypoints.server.app import ServerOptions
-    from kernelcore.entrypoints.server.chat_template import load_chat_template
-    from kernelcore.entrypoints.server.protocol import Limits
-    from kernelcore.models.gguf_checkpoint import GGUFError
-
-    try:
-        template = load_chat_template(o["chat_template"])
-    except (OSError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--chat-template") from None
-    if o["quantization"] is not None:
-        from kernelcore.quantization import check_quantization
-
-        try:
-            check_quantization(o["quantization"])
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--quantization") from None
-    _check_topology(1, 0, None, None, False, o["distributed_executor_backend"], o["data_parallel_size"] or 1)
+    template = check_model_options(o)
+    check_topology(1, 0, None, None, False, o["distributed_executor_backend"], o["data_parallel_size"] or 1)
     click.echo(f"Starting kernelcore for {o['model'] or 'the embedded default model'}...", err=True)
-    engine_keys = ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "dtype", "quantization",
-                   "num_threads", "hf_overrides", "tensor_parallel_size", "pipeline_parallel_size",
-                   "data_parallel_size", "distributed_executor_backend", "seed", "enable_prefix_caching",
-                   "served_model_name", "max_loras", "max_lora_rank", "max_cpu_loras", "structured_outputs_backend",
-                   "structured_outputs_compact_whitespace")
     platform_options = {k: v for k, v in o.items() if k not in SERVE_PARAMS}
-    try:
-        config = build_config(
-            model=o["model"], kv_cache_memory=parse_size(o["kv_cache_memory"]), chat_template=template,
-            enable_lora=o["enable_lora"] or None, enforce_eager=o["enforce_eager"] or None,
-            tokenizer=os.path.abspath(o["tokenizer"]) if o["tokenizer"] else None, plugin_options=platform_options,
-            speculative_config=_speculative_config(o["speculative_config"]),
-            **{k: o[k] for k in engine_keys})
-    except GGUFError as exc:
-        raise click.ClickException(str(exc)) from None
-    try:  # before any engine process starts, as in `kc serve`
-        try_get_tokenizer(config.model.tokenizer or config.model.model, required=True)
-    except TokenizerError as exc:
-        raise click.ClickException(str(exc)) from None
-    options = ServerOptions(
-        served_model_names=[config.model.served_model_name or config.model.model or ""],
-        api_key=secrets.token_urlsafe(32),  # the port is loopback, but other local users must not borrow it
-        limits=Limits(max_n=o["max_n"], max_logprobs=o["max_logprobs"], max_stop_strings=o["max_stop_strings"],
-                      max_stop_string_length=o["max_stop_string_length"], max_prompts=o["max_prompts"],
-                      max_choices=o["max_choices"]),
-        max_body_bytes=parse_size(o["max_request_body_bytes"]) or 0, chat_template=template,
-        trust_request_chat_template=o["trust_request_chat_template"],
-        allow_special_tokens_in_content=o["allow_special_tokens_in_content"], response_role=o["response_role"],
-        lora_modules=o["lora_modules"], enable_auto_tool_choice=o["enable_auto_tool_choice"],
-        tool_call_parser=o["tool_call_parser"], reasoning_parser=o["reasoning_parser"],
-        default_max_tokens=o["default_max_tokens"], web_console=False)
+    config = build_engine_config(o, template, platform_options)
+    # The port is loopback, but other local users must not borrow it.
+    options = build_server_options(o, config, template, api_key=secrets.token_urlsafe(32), web_console=False)
     return config, options
 
 

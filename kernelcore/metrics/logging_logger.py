@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from kernelcore.metrics import StatLoggerBase
+from kernelcore.contract.stat_logger import StatLoggerBase
 
 logger = logging.getLogger("kernelcore.metrics")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import prometheus_client as prom
 
-from kernelcore.metrics import StatLoggerBase
+from kernelcore.contract.stat_logger import StatLoggerBase
 from kernelcore.metrics.request_stats import FinishedRequestStats
 from kernelcore.metrics.stats import EngineStats
 

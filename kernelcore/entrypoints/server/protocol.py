@@ -1,40 +1,33 @@
-"""Request bodies -> validated requests carrying :class:`SamplingParams`; every violation is a 400 with a clear message."""
+"""Request bodies -> validated requests carrying :class:`SamplingParams`; every violation is a 400 with a clear message.
+
+The shapes of a completions and a chat request live here; their parts in the modules beside it:
+:mod:`~kernelcore.entrypoints.server.fields` (typed field readers), :mod:`~kernelcore.entrypoints.server.sampling`
+(the sampling fields), :mod:`~kernelcore.entrypoints.server.chat_messages` (messages and tools) and
+:mod:`~kernelcore.entrypoints.server.limits` (the server's caps and the context length).
+"""
 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelcore.core_types.sampling_params import MAX_SEED, SamplingParams
-from kernelcore.entrypoints.server.errors import APIError, bad_request
-from kernelcore.entrypoints.server.tools import parse_tools
+from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.entrypoints.server.chat_messages import ROLES, _check_tool_choice, _check_tools, _parse_messages
+from kernelcore.entrypoints.server.errors import bad_request
+from kernelcore.entrypoints.server.fields import _get, _type_error, check_token_ids
+from kernelcore.entrypoints.server.limits import Limits, _check_logprobs, _check_max_tokens, check_length
+from kernelcore.entrypoints.server.sampling import INT64_MIN, SAMPLING_FIELDS, parse_sampling_fields
 from kernelcore.entrypoints.server.structured import (INFORMATIONAL_FIELDS, STRUCTURED_FIELDS, check_refused_fields,
                                                       parse_constraint)
+from kernelcore.entrypoints.server.tools import parse_tools
+
+__all__ = ["CHAT_FIELDS", "COMMON_FIELDS", "COMPLETION_FIELDS", "INT64_MIN", "ROLES", "SAMPLING_FIELDS",
+           "GenerateRequest", "Limits", "check_length", "check_token_ids", "make_sampling_params",
+           "parse_chat_request", "parse_completion_request"]
 
 logger = logging.getLogger("kernelcore.server")
 
-INT64_MIN = -MAX_SEED - 1
-
-
-@dataclass
-class Limits:
-    """Caps on what one request may ask for (each a `kc serve` flag)."""
-
-    max_n: int = 16
-    max_logprobs: int = 20
-    max_stop_strings: int = 16
-    max_stop_string_length: int = 256
-    max_prompts: int = 64
-    max_choices: int = 64  # prompts x n: sequences one request may start
-
-
-SAMPLING_FIELDS = {  # name -> kind
-    "temperature": "number", "top_p": "number", "top_k": "int", "min_p": "number", "seed": "int",
-    "presence_penalty": "number", "frequency_penalty": "number", "repetition_penalty": "number",
-    "min_tokens": "int", "ignore_eos": "bool", "include_stop_str_in_output": "bool", "skip_special_tokens": "bool",
-}
 COMMON_FIELDS = {
     "model", "stream", "stream_options", "n", "stop", "stop_token_ids", "max_tokens", "echo", "logit_bias", "user",
     "allowed_token_ids", "truncate_prompt_tokens", "return_tokens_as_token_ids", "add_special_tokens", "logprobs",
@@ -45,7 +38,6 @@ CHAT_FIELDS = COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "continue_final_message",
     "chat_template", "chat_template_kwargs", "tools", "tool_choice", "documents", "parallel_tool_calls",
 }
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _warned_fields: set[str] = set()
 
 
@@ -77,68 +69,11 @@ class GenerateRequest:
         return self.params.get("n", 1)
 
 
-def _type_error(name: str, expected: str, value: Any) -> APIError:
-    return bad_request(f"Invalid value for `{name}`: expected {expected}, got {type(value).__name__} {value!r:.60}", name)
-
-
-def _get(body: dict[str, Any], name: str, kind: str, default: Any = None) -> Any:
-    value = body.get(name)
-    if value is None:
-        return default
-    if kind == "int":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise _type_error(name, "an integer", value)
-    elif kind == "number":
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise _type_error(name, "a number", value)
-        value = float(value)
-        if not math.isfinite(value):
-            raise _type_error(name, "a finite number", value)
-    elif kind == "bool":
-        if not isinstance(value, bool):
-            raise _type_error(name, "a boolean", value)
-    elif kind == "str":
-        if not isinstance(value, str):
-            raise _type_error(name, "a string", value)
-    elif kind == "dict":
-        if not isinstance(value, dict):
-            raise _type_error(name, "an object", value)
-    elif kind == "list":
-        if not isinstance(value, list):
-            raise _type_error(name, "an array", value)
-    return value
-
-
-def _int_list(body: dict[str, Any], name: str) -> list[int] | None:
-    value = _get(body, name, "list")
-    if value is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise _type_error(name, "an array of integers", value)
-    return value
-
-
-def check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:
-    for token_id in token_ids:
-        if not 0 <= token_id < vocab_size:
-            raise bad_request(f"Token id {token_id} is out of vocabulary (vocab size {vocab_size})", param)
-
-
 def _warn_unknown(body: dict[str, Any], known: set[str]) -> None:
     unknown = sorted(set(body) - known - _warned_fields)
     if unknown:
         _warned_fields.update(unknown)
         logger.warning("Ignoring unknown request field(s) %s (logged once per field)", ", ".join(unknown))
-
-
-def _check_logprobs(value: int | None, limits: Limits, what: str, param: str) -> None:
-    if value is None:
-        return
-    if value < 0:
-        raise bad_request(f"{param} must be non-negative, got {value}", param)
-    if value > limits.max_logprobs:
-        raise bad_request(f"Requested {what} logprobs of {value}, which is greater than max allowed: "
-                          f"{limits.max_logprobs}", param)
 
 
 def _parse_common(body: Any, limits: Limits, vocab_size: int, is_chat: bool) -> GenerateRequest:
@@ -155,49 +90,7 @@ def _parse_common(body: Any, limits: Limits, vocab_size: int, is_chat: bool) -> 
         _get(body, "stream_options", "dict")
     stream_options = stream_options or {}
 
-    params: dict[str, Any] = {}
-    for name, kind in SAMPLING_FIELDS.items():
-        value = _get(body, name, kind)
-        if value is not None:
-            params[name] = value
-    seed = params.get("seed")
-    if seed is not None and seed > MAX_SEED:
-        raise bad_request(f"seed: Input should be less than or equal to {MAX_SEED} [type=less_than_equal]", "seed")
-    if seed is not None and seed < INT64_MIN:
-        raise bad_request(f"seed: Input should be greater than or equal to {INT64_MIN} [type=greater_than_equal]", "seed")
-    n = _get(body, "n", "int", 1)
-    if n < 1:
-        raise bad_request(f"n must be at least 1, got {n}", "n")
-    if n > limits.max_n:
-        raise bad_request(f"n must be at most {limits.max_n} on this server, got {n}", "n")
-    params["n"] = n
-
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None:
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise _type_error("stop", "a string or an array of strings", stop)
-        if len(stop) > limits.max_stop_strings:
-            raise bad_request(f"Too many stop strings: {len(stop)} (at most {limits.max_stop_strings})", "stop")
-        if any(len(s) > limits.max_stop_string_length for s in stop):
-            raise bad_request(f"Stop strings may be at most {limits.max_stop_string_length} characters long", "stop")
-        params["stop"] = stop
-    stop_token_ids = _int_list(body, "stop_token_ids")
-    if stop_token_ids:
-        check_token_ids(stop_token_ids, vocab_size, "stop_token_ids")
-        params["stop_token_ids"] = stop_token_ids
-    logit_bias = _get(body, "logit_bias", "dict")
-    if logit_bias:
-        params["logit_bias"] = _parse_logit_bias(logit_bias, vocab_size)
-    allowed = _int_list(body, "allowed_token_ids")
-    if allowed is not None:
-        if not allowed:
-            raise bad_request("allowed_token_ids must not be empty (omit it to allow every token)",
-                              "allowed_token_ids")
-        check_token_ids(allowed, vocab_size, "allowed_token_ids")
-        params["allowed_token_ids"] = allowed
-
+    params = parse_sampling_fields(body, limits, vocab_size)
     request = GenerateRequest(
         is_chat=is_chat, model=model, params=params, max_tokens=None, stream=stream,
         include_usage=bool(stream_options.get("include_usage")),
@@ -213,28 +106,6 @@ def _parse_common(body: Any, limits: Limits, vocab_size: int, is_chat: bool) -> 
     _check_logprobs(request.prompt_logprobs, limits, "prompt", "prompt_logprobs")
     request.structured = parse_constraint(body)
     return request
-
-
-def _parse_logit_bias(value: dict[str, Any], vocab_size: int) -> dict[int, float]:
-    """Token id (a decimal string key) -> a finite bias, clamped to [-100, 100] as OpenAI does."""
-    bias = {}
-    for key, amount in value.items():
-        try:
-            token_id = int(key)
-        except ValueError:
-            raise bad_request(f"logit_bias keys must be token ids, got {key!r:.40}", "logit_bias") from None
-        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not math.isfinite(amount):
-            raise bad_request(f"logit_bias values must be finite numbers, got {amount!r:.40} for token {token_id}",
-                              "logit_bias")
-        bias[token_id] = min(max(float(amount), -100.0), 100.0)
-    check_token_ids(list(bias), vocab_size, "logit_bias")
-    return bias
-
-
-def _check_max_tokens(value: int | None, echo: bool, param: str) -> int | None:
-    if value is not None and (value < 0 or (value == 0 and not echo)):
-        raise bad_request(f"{param} must be at least 1, got {value}", param)
-    return value
 
 
 def parse_completion_request(body: Any, limits: Limits, vocab_size: int) -> GenerateRequest:
@@ -308,71 +179,6 @@ def parse_chat_request(body: Any, limits: Limits, vocab_size: int) -> GenerateRe
         "tools": tools, "documents": _get(body, "documents", "list"),
     }
     return request
-
-
-def _parse_messages(messages: Any) -> list[dict[str, Any]]:
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("`messages` must be a non-empty array of messages", "messages")
-    parsed = []
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad_request("Each message must be an object with a string `role`", "messages")
-        if message["role"] not in ROLES:
-            raise bad_request(f"Invalid message role {message['role']!r:.40}: expected one of "
-                              f"{', '.join(sorted(ROLES))}", "messages")
-        content = message.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise bad_request(f"Only text content parts are supported, got {kind!r}", "messages")
-                texts.append(part["text"])
-            content = "\n".join(texts)
-        elif content is not None and not isinstance(content, str):
-            raise _type_error("messages", "string or text-part content", content)
-        parsed.append({**message, "content": content})
-    return parsed
-
-
-def _check_tools(tools: list | None) -> None:
-    for tool in tools or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
-                and tool.get("type", "function") == "function"):
-            raise bad_request("Each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., "
-                              "\"parameters\": {...}}}", "tools")
-        if not isinstance(function.get("parameters", {}), dict):
-            raise _type_error("tools", "a JSON Schema object for `function.parameters`", function["parameters"])
-
-
-def _check_tool_choice(tool_choice: Any, tools: list | None) -> None:
-    if tool_choice is None or tool_choice in ("none", "auto"):
-        return
-    if tool_choice == "required" or isinstance(tool_choice, dict):
-        if not tools:
-            raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
-        if isinstance(tool_choice, dict):
-            name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice.get("function"), dict) else None
-            if not name:
-                raise bad_request("`tool_choice` must name a function: {\"type\": \"function\", \"function\": "
-                                  "{\"name\": ...}}", "tool_choice")
-            names = {(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)}
-            if name not in names:
-                raise bad_request(f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
-        return
-    raise bad_request(f"Invalid `tool_choice`: {tool_choice!r}", "tool_choice")
-
-
-def check_length(num_input_tokens: int, max_tokens: int | None, max_model_len: int, param: str = "max_tokens") -> None:
-    if num_input_tokens >= max_model_len:
-        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-                          f"{num_input_tokens} input tokens. Please reduce the length of the input messages.",
-                          "input_tokens")
-    if max_tokens is not None and num_input_tokens + max_tokens > max_model_len:
-        raise bad_request(f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
-                          f"context length is {max_model_len} tokens and your request has {num_input_tokens} input "
-                          f"tokens ({max_tokens} > {max_model_len} - {num_input_tokens}).", param)
 
 
 def make_sampling_params(request: GenerateRequest, num_input_tokens: int, max_model_len: int,

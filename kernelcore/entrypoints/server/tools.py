@@ -92,7 +92,7 @@ def _partial_calls(text: str) -> list[dict[str, Any]] | None:
 
 
 def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
-    """Validate `tools`; None when the request has none. `tool_choice` consistency is checked by protocol.py."""
+    """Validate `tools`; None when the request has none. `tool_choice` consistency is checked by chat_messages.py."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
