@@ -24,6 +24,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "tests"), HERE]
+from gpu_perf import free_memory, perf  # noqa: E402
 
 PROMPTS = [[5, 9, 11, 3, 7, 8, 100, 200, 17], list(range(40, 71)), [3, 4]]
 NUM_TOKENS = 16
@@ -57,14 +58,6 @@ def enable_cpu_graph_double() -> None:
             return "kc_dummy_triton_interp.graphs.RerunCaptureBackend"
 
     plugins.get_plugin_manager().register(GraphsOnCpu(), name="gpu-check-graphs-on-cpu")
-
-
-def free_memory() -> None:
-    import gc
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def hf_reference(path: str, device: str, runs: dict) -> dict:
@@ -219,8 +212,6 @@ def main() -> None:
         enable_cpu_graph_double()
     root = tempfile.mkdtemp(prefix="kc-gpu-check-")
     sections = os.environ.get("KC_GPU_CHECK_SECTIONS", "parity,serve,perf").split(",")
-    from gpu_perf import perf
-
     for name, fn, args in (("parity", parity, (device, root, smoke)), ("serve", serve, (smoke, out_dir)),
                            ("perf", perf, (device, smoke, root))):
         if name in sections:
@@ -239,9 +230,9 @@ def summary(data: dict) -> list[str]:
         lines.append(f"parity {arch}: " + "; ".join(cells))
     if data.get("serve"):
         lines.append("serve: " + " ".join(f"{k}={v}" for k, v in data["serve"].items() if k != "sample"))
-    perf = data.get("perf") or {}
+    figures = data.get("perf") or {}
     for mode in ("graphs", "eager", "transformers"):
-        r = perf.get(mode) or {}
+        r = figures.get(mode) or {}
         if "error" in r:
             lines.append(f"{mode}: ERROR")
             continue
@@ -251,7 +242,7 @@ def summary(data: dict) -> list[str]:
         memory = r.get("memory") or {}
         peak = f" peak {memory['peak_allocated_gib']:.2f} GiB" if memory.get("peak_allocated_gib") else ""
         lines.append(f"{mode}: {tps} {steps}{peak}".rstrip())
-    for k, v in (perf.get("ratios") or {}).items():
+    for k, v in (figures.get("ratios") or {}).items():
         lines.append(f"  {k}: {v:.2f}x")
     return lines
 

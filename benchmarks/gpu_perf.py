@@ -1,4 +1,4 @@
-"""The throughput half of the GPU check (benchmarks/gpu_check.py calls ``perf``).
+"""The throughput half of the GPU check (benchmarks/gpu_check.py calls ``perf`` and shares ``free_memory``).
 
 A random 1B-class Llama (TinyLlama-1.1B's shape) in bf16, on the W-uniform and W-mixed workloads of
 benchmarks/throughput.py: kernelcore with CUDA graphs, kernelcore with enforce_eager and transformers
@@ -28,6 +28,15 @@ WORKLOADS = ("uniform", "mixed")
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def free_memory() -> None:
+    """Release what a finished run left (its model, KV cache, graphs) before the next one loads."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def median_seconds(fn, device: str, iters: int = 20) -> float:
@@ -106,8 +115,6 @@ def run_kernelcore(path: str, dtype: str, workloads: dict, eager: bool, device: 
     }
     llm.shutdown()
     del llm, runner, graphs
-    from gpu_check import free_memory
-
     free_memory()
     return result
 
@@ -149,8 +156,6 @@ def perf(device: str, smoke: bool, root: str) -> dict:
             report[mode] = run_kernelcore(path, dtype, workloads, eager, device, smoke)
         except Exception:
             report[mode] = {"error": traceback.format_exc(limit=6)}
-            from gpu_check import free_memory
-
             free_memory()
         print(f"kernelcore {mode}: {report[mode]}", flush=True)
     report["transformers"] = {f"{name}_tokens_per_s": run_transformers(path, dtype, work, device)

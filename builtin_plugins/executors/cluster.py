@@ -19,7 +19,8 @@ from kernelcore.contract.config import KernelConfig
 from kernelcore.config_fingerprint import fingerprint, mismatches
 from kernelcore.hostproc import ProcessStartError
 from kernelcore.hostproc.ipc import Channel
-from kernelcore.hostproc.tcp import accept_authenticated, connect_authenticated, interface_of, listen
+from kernelcore.hostproc.accept import AuthenticatedListener
+from kernelcore.hostproc.tcp import connect_authenticated, interface_of, listen
 
 logger = logging.getLogger("kernelcore.cluster")
 
@@ -85,28 +86,15 @@ class ClusterServer:
         self.stop = threading.Event()
         self.node_threads: list[threading.Thread] = []
         self.node_channels: list[tuple[Channel, threading.Lock]] = []
-        self.sock = listen(cast(str, p.master_addr), cast(int, p.master_port))
+        sock = listen(cast(str, p.master_addr), cast(int, p.master_port))
         logger.info("Cluster port listening on %s for %d more node(s)", self.address, p.nnodes - 1)
-        threading.Thread(target=self._accept_loop, name="kc-cluster-accept", daemon=True).start()
+        self.listener = AuthenticatedListener(sock, self.secret, self._handle, name="kc-cluster-accept",
+                                              peer_name="kc-cluster-conn", log=logger)
 
-    def _accept_loop(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), name="kc-cluster-conn", daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
+    def _handle(self, conn: socket.socket, hello: dict, host: str) -> None:
+        """An authenticated connection (on its own thread): serve it as what its hello says it is."""
         from builtin_plugins.executors.store import StoreRequest
 
-        try:
-            host = conn.getpeername()[0]
-            hello = accept_authenticated(conn, self.secret)
-        except (OSError, ValueError, msgspec.MsgspecError) as exc:
-            logger.warning("%s", exc)
-            conn.close()
-            return
         kind = hello.get("kind")
         if kind == "store":
             self.table.serve(Channel(conn, StoreRequest))
@@ -189,11 +177,7 @@ class ClusterServer:
             thread.join(2 * HEARTBEAT_INTERVAL)
         for channel, _ in self.node_channels:
             channel.close()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        self.listener.close()
 
 
 _stores: list = []  # torch keeps a C++ handle only: the Python store object must stay alive

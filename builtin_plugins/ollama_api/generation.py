@@ -19,7 +19,7 @@ from kernelcore.entrypoints.server.state import get_state
 from kernelcore.entrypoints.server.streaming import engine_error, ndjson_line, stream_response
 
 from builtin_plugins.ollama_api import translate
-from builtin_plugins.ollama_api.routes import now, read_body, render_error, requested_model, resolve_name
+from builtin_plugins.ollama_api.protocol import now, read_body, render_error, requested_model, resolve_name
 from builtin_plugins.ollama_api.translate import bad_request
 
 NDJSON = "application/x-ndjson"

@@ -1,24 +1,23 @@
 """Ollama's routes: version, tags, show, ps, chat and generate; the model-management routes answer 501.
 
-Every error under ``/api/`` is Ollama's ``{"error": "message"}``. Bodies are read whatever their Content-Type,
-as Ollama does (``curl -d`` sends form-encoded), and a model name without a tag is the same as ``NAME:latest``.
+Every error under ``/api/`` is Ollama's ``{"error": "message"}``. Reading bodies and model names is shared with
+chat and generate (:mod:`.generation`), in :mod:`.protocol`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from aiohttp import web
 
 from kernelcore.entrypoints.server.errors import APIError, set_error_format
-from kernelcore.entrypoints.server.jsonbody import decode_json
 from kernelcore.entrypoints.server.state import ServerState, get_state
-from kernelcore.entrypoints.server.state import read_body as raw_body
 
+from builtin_plugins.ollama_api.generation import chat, generate
 from builtin_plugins.ollama_api.model_info import ModelFacts, model_facts
-from builtin_plugins.ollama_api.translate import bad_request, not_found
+from builtin_plugins.ollama_api.protocol import read_body, render_error, requested_model, resolve_name, tagged
+from builtin_plugins.ollama_api.translate import not_found
 
 # The Ollama release this API matches: clients gate features on it (tools 0.3, structured outputs 0.5,
 # thinking 0.9), so it is a real release that has them all.
@@ -37,46 +36,6 @@ NOT_SERVED = {  # route -> what to do instead
     "blobs": "this server does not store blobs: restart `kc serve` with the model file instead of uploading it",
     "embed": "embeddings are not served by this server: it serves generative models only",
 }
-
-
-def render_error(error: APIError) -> dict[str, Any]:
-    return {"error": error.message}
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-async def read_body(request: web.Request) -> dict[str, Any]:
-    """The JSON object body, any Content-Type; an empty body is ``{}``."""
-    raw = await raw_body(request)
-    if not raw.strip():
-        return {}
-    body = decode_json(raw)
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object")
-    return body
-
-
-def requested_model(body: dict[str, Any]) -> str:
-    """The ``model`` field (``name`` from older clients)."""
-    name = body.get("model", body.get("name"))
-    if not isinstance(name, str) or not name:
-        raise bad_request("model is required", "model")
-    return name
-
-
-def tagged(name: str) -> str:
-    return name if ":" in name else f"{name}:latest"
-
-
-def resolve_name(state: ServerState, name: str) -> str | None:
-    """The served name (or loaded adapter) ``name`` means, ``NAME`` and ``NAME:latest`` alike; None if none."""
-    names = list(state.options.served_model_names)
-    if state.lora is not None:
-        names += list(state.lora.adapters)
-    candidates = [name, name[:-len(":latest")] if name.endswith(":latest") else f"{name}:latest"]
-    return next((c for c in candidates if c in names), None)
 
 
 def _served(state: ServerState, name: str) -> str:
@@ -167,8 +126,6 @@ def _not_served(what: str):
 
 
 def add_routes(app: web.Application) -> None:
-    from builtin_plugins.ollama_api.generation import chat, generate
-
     set_error_format(app, "/api/", render_error)
     router = app.router
     router.add_get("/api/version", version)

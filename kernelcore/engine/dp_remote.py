@@ -25,8 +25,8 @@ from kernelcore.contract.config import KernelConfig
 from kernelcore.config_fingerprint import fingerprint, mismatches
 from kernelcore.engine.core_proc import AbortRequests, AddLora, AddRequests, RemoveLora, ShutdownCore
 from kernelcore.hostproc.ipc import Channel, private_socket_dir, remove_private_dir, send_frame, use_private_root
-from kernelcore.hostproc.tcp import (HANDSHAKE_TIMEOUT, accept_authenticated, connect_authenticated, listen,
-                                     set_keepalive)
+from kernelcore.hostproc.accept import AuthenticatedListener
+from kernelcore.hostproc.tcp import HANDSHAKE_TIMEOUT, connect_authenticated, listen, set_keepalive
 
 logger = logging.getLogger("kernelcore.engine")
 
@@ -50,26 +50,13 @@ class ReplicaPort:
         self.joined: dict[int, tuple[socket.socket, dict, str]] = {}  # rank -> (socket, ready info, host)
         self.failure: str | None = None
         self.changed = threading.Condition()
-        self.sock = listen(cast(str, p.data_parallel_address), cast(int, p.data_parallel_rpc_port))
+        sock = listen(cast(str, p.data_parallel_address), cast(int, p.data_parallel_rpc_port))
         logger.info("Data-parallel port listening on %s for replicas %s", self.address, sorted(self.remote))
-        threading.Thread(target=self._accept_loop, name="kc-dp-accept", daemon=True).start()
+        self.listener = AuthenticatedListener(sock, self.secret, self._handle, name="kc-dp-accept",
+                                              peer_name="kc-dp-join", log=logger)
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), name="kc-dp-join", daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        try:
-            host = conn.getpeername()[0]
-            hello = accept_authenticated(conn, self.secret)
-        except (OSError, ValueError, msgspec.MsgspecError) as exc:
-            logger.warning("%s", exc)
-            conn.close()
-            return
+    def _handle(self, conn: socket.socket, hello: dict, host: str) -> None:
+        """An authenticated connection (on its own thread): a replica joining, accepted or refused."""
         raw_rank = hello.get("dp_rank")
         rank = raw_rank if isinstance(raw_rank, int) else -1  # -1: refused below, not a remote rank
         where = f"data-parallel replica {raw_rank!r} ({host})"
@@ -113,11 +100,7 @@ class ReplicaPort:
         return dict(self.joined)
 
     def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        self.listener.close()
 
 
 def run_remote_engine_core(config: KernelConfig, private_dir: str) -> None:
