@@ -120,3 +120,135 @@ def test_no_runtime_import_circles_in_the_core():
 
 def test_the_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+# -- the strict count: every import is a dependency a reader must follow --------------------------------------
+#
+# Module-level, function-level and ``if TYPE_CHECKING:`` imports alike, relative ones resolved, and the benchmarks'
+# sys.path imports (``import gpu_perf``) counted as the modules they are.
+
+STRICT_ROOTS = ("kernelcore", "builtin_plugins", "benchmarks")
+
+
+def strict_graph(source_for=None) -> dict[str, set[str]]:
+    """module -> the modules of STRICT_ROOTS it imports, in any form (a package counts as its __init__)."""
+    paths = {}
+    for root in STRICT_ROOTS:
+        for folder, _dirs, files in os.walk(os.path.join(ROOT, root)):
+            for f in files:
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(folder, f), ROOT)
+                    paths[rel[:-3].replace(os.sep, ".").removesuffix(".__init__")] = rel
+    sources = source_for or (lambda rel: open(os.path.join(ROOT, rel)).read())
+    graph = {}
+    for module, rel in paths.items():
+        package = module.split(".") if rel.endswith("__init__.py") else module.split(".")[:-1]
+        edges = set()
+        for node in ast.walk(ast.parse(sources(rel))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if module.startswith("benchmarks.") and f"benchmarks.{name}" in paths:
+                    name = f"benchmarks.{name}"
+                while name and name not in paths:
+                    name = name.rpartition(".")[0]
+                if name and name != module and not module.startswith(name + "."):
+                    edges.add(name)
+        graph[module] = edges
+    return graph
+
+
+# kernelcore's floors, bottom up: a module belongs to the floor of its longest matching prefix, and may import
+# its own floor and those below. docs/architecture.md draws the same picture.
+FLOORS = [
+    ("contract", ["kernelcore.contract"]),
+    ("foundation", ["kernelcore.envs", "kernelcore.errors", "kernelcore.hostproc.role", "kernelcore.logging_setup",
+                    "kernelcore.kernels", "kernelcore.models.registry", "kernelcore.core_types", "kernelcore.config",
+                    "kernelcore.hookspecs", "kernelcore.structured_output.params"]),
+    ("plugin machinery", ["kernelcore.plugins", "kernelcore.platforms", "kernelcore.quantization",
+                          "kernelcore.executor.registry", "kernelcore.lora.resolver",
+                          "kernelcore.structured_output.backend", "kernelcore.entrypoints.tool_parsers",
+                          "kernelcore.entrypoints.reasoning_parsers", "kernelcore.speculative.proposer"]),
+    ("model", ["kernelcore.custom_op", "kernelcore.distributed", "kernelcore.forward_context", "kernelcore.attention",
+               "kernelcore.layers", "kernelcore.models", "kernelcore.config_builder", "kernelcore.config_fingerprint",
+               "kernelcore.pipeline", "kernelcore.model_fetch"]),
+    ("processes", ["kernelcore.hostproc"]),
+    ("executor", ["kernelcore.executor", "kernelcore.lora"]),
+    ("engine", ["kernelcore.engine", "kernelcore.structured_output", "kernelcore.speculative", "kernelcore.metrics"]),
+    ("entrypoints", ["kernelcore.entrypoints", "kernelcore.conformance", "kernelcore"]),
+]
+MAX_UPWARD = 10
+KNOWN_UPWARD: set[tuple[str, str]] = set()  # imports that run back up on purpose: none
+
+
+def floor_of(module: str) -> int:
+    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(FLOORS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} is on no floor: add it to FLOORS"
+    return max(matches)[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {(m, t) for m, targets in graph.items() if m.startswith("kernelcore") for t in targets
+            if t.startswith("kernelcore") and floor_of(t) > floor_of(m)}
+
+
+def test_no_import_circle_anywhere_by_the_strict_count():
+    assert cycles(strict_graph()) == []
+
+
+def test_the_contract_imports_nothing_of_kernelcore_above_it():
+    graph = strict_graph()
+    outside = {(m, t) for m, targets in graph.items() if m.startswith("kernelcore.contract") for t in targets
+               if not t.startswith("kernelcore.contract")}
+    assert not outside
+
+
+def test_imports_run_down_the_floors():
+    graph = strict_graph()
+    for module in graph:
+        if module.startswith("kernelcore"):
+            floor_of(module)
+    upward = upward_imports(graph)
+    assert upward <= KNOWN_UPWARD, sorted(upward - KNOWN_UPWARD)
+    assert len(KNOWN_UPWARD) <= MAX_UPWARD
+
+
+def test_kernelcore_never_imports_a_builtin_plugin_or_a_benchmark():
+    assert not {(m, t) for m, targets in strict_graph().items() if m.startswith("kernelcore") for t in targets
+                if not t.startswith("kernelcore")}
+
+
+def test_the_strict_checker_sees_every_form_of_import():
+    files = {
+        os.path.join("kernelcore", "contract", "__init__.py"): "",
+        os.path.join("kernelcore", "contract", "a.py"): ("from typing import TYPE_CHECKING\n"
+                                                         "if TYPE_CHECKING:\n    from kernelcore.engine import x\n"),
+        os.path.join("kernelcore", "contract", "b.py"): "def f():\n    from . import a\n",
+        os.path.join("kernelcore", "engine", "__init__.py"): "import kernelcore.contract.b\n",
+    }
+    real_walk = os.walk
+
+    def fake_walk(top):
+        rel = os.path.relpath(top, ROOT)
+        by_dir: dict[str, list[str]] = {}
+        for path in files:
+            if path.startswith(rel + os.sep):
+                by_dir.setdefault(os.path.join(ROOT, os.path.dirname(path)), []).append(os.path.basename(path))
+        return [(folder, [], names) for folder, names in by_dir.items()]
+
+    os.walk = fake_walk
+    try:
+        graph = strict_graph(lambda rel: files[rel])
+    finally:
+        os.walk = real_walk
+    assert graph["kernelcore.contract.a"] == {"kernelcore.engine"}
+    assert graph["kernelcore.contract.b"] == {"kernelcore.contract.a"}
+    assert cycles(graph) == [{"kernelcore.contract.a", "kernelcore.contract.b", "kernelcore.engine"}]

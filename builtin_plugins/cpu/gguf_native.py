@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from builtin_plugins.cpu.graphs import launch, replay_in_c
+from builtin_plugins.cpu.launch import launch, replay_in_c
 from builtin_plugins.cpu.native import CURRENT_THREADS, load_native
 
 SOURCE = Path(__file__).parent / "csrc" / "gguf_matmul.cpp"

@@ -3,7 +3,7 @@ without the Python around them.
 
 At batch 1 a decode step's kernels take a few milliseconds and the Python that reaches them (module calls,
 argument checks, dispatch) about as long again. Capturing runs the forward once, eagerly, and records in
-order every native kernel launch (``launch``: the raw ctypes call and its arguments) and every torch op
+order every native kernel launch (launch.py's ``launch``: the raw ctypes call and its arguments) and every torch op
 that computes (through a dispatch mode; views and allocations are only kept alive). Replaying calls the
 recorded launches and ops again on the same tensors: the model runner's static input buffers feed the
 first, each op's output tensor is rewritten in place, and the last one holds the logits. A run of consecutive
@@ -17,21 +17,22 @@ keep their own bounds checks (block tables, slots, positions) at replay.
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import logging
-import struct
 from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from builtin_plugins.cpu.launch import pack_runs, recording
+from builtin_plugins.cpu.pointwise import load_pointwise_kernels
 from kernelcore import envs
 from kernelcore.executor.graph_runner import GraphCaptureBackend
 
-logger = logging.getLogger("kernelcore.cpu")
+# The recorded-launch types under the names they had here before they moved down to launch.py.
+from builtin_plugins.cpu.launch import NativeCall as _NativeCall, PackedRun as _PackedRun  # noqa: F401
+from builtin_plugins.cpu.launch import pack_words as _words  # noqa: F401
 
-_tape: list[Callable[[], None]] | None = None  # the tape being recorded, if any
+logger = logging.getLogger("kernelcore.cpu")
 
 aten = torch.ops.aten
 # Ops that only allocate or describe memory: nothing to redo at replay, but their tensors must stay alive.
@@ -47,99 +48,11 @@ class CaptureRefused(RuntimeError):
     """The forward did something a replay could not repeat (it read a tensor's value on the host)."""
 
 
-def replay_in_c(library: ctypes.CDLL, fn: Any) -> None:
-    """Note on ``fn`` (a kernel of ``library``, its ``argtypes`` set) the address of its ``KC_PACKED`` twin
-    (csrc/packed_call.h): a tape then replays runs of such launches with one call into C."""
-    fn.packed_address = ctypes.cast(getattr(library, fn.__name__ + "_packed"), ctypes.c_void_p).value
-
-
-def launch(fn: Callable[..., int], *args: Any) -> int:
-    """Call a native kernel (a ctypes function returning a status); recorded when a capture is running."""
-    if _tape is not None:
-        _tape.append(_NativeCall(fn, args))
-    return fn(*args)
-
-
-class _NativeCall:
-    __slots__ = ("fn", "args", "words")
-
-    def __init__(self, fn: Callable[..., int], args: tuple) -> None:
-        # Converted to the C types once: a replay's call then skips ctypes' per-argument conversion (2.0 ->
-        # 1.4 us for a 12-argument kernel, a hundred such calls per decode step).
-        argtypes = getattr(fn, "argtypes", None)
-        if argtypes and len(argtypes) == len(args):
-            args = tuple(a if a is None or isinstance(a, t) else t(a) for t, a in zip(argtypes, args))
-        self.fn, self.args = fn, args
-        self.words = _words(argtypes, args) if getattr(fn, "packed_address", None) else None
-
-    @property
-    def name(self) -> str:
-        return getattr(self.fn, "__name__", repr(self.fn))
-
-    def __call__(self) -> None:
-        status = self.fn(*self.args)
-        if status != 0:  # the kernel's own checks (e.g. a block table outside the KV cache)
-            raise ValueError(f"CPU kernel {self.name} failed at replay ({status})")
-
-
-def _words(argtypes, args: tuple) -> list[int] | None:
-    """A launch's arguments as packed_call.h's 64-bit words, or None where one is not a plain C value."""
-    words = []
-    for ctype, arg in zip(argtypes, args):
-        value = arg.value if isinstance(arg, ctypes._SimpleCData) else arg
-        if ctype is ctypes.c_float:
-            words.append(struct.unpack("<I", struct.pack("<f", value))[0])
-        elif ctype is ctypes.c_double:
-            words.append(struct.unpack("<q", struct.pack("<d", value))[0])
-        elif value is None or isinstance(value, int):
-            words.append(int(value or 0))
-        else:
-            return None
-    return words
-
-
-class _PackedRun:
-    """Consecutive native launches replayed by one call into C (kc_run_packed), in order, stopping at the
-    first that fails."""
-
-    __slots__ = ("calls", "runner", "args", "status")
-
-    def __init__(self, calls: list[_NativeCall], runner: Any) -> None:
-        words = [w for call in calls for w in call.words or ()]
-        offsets = list(itertools.accumulate((len(call.words or ()) for call in calls[:-1]), initial=0))
-        self.calls, self.runner, self.status = calls, runner, ctypes.c_int(0)
-        n = len(calls)
-        self.args = (n, (ctypes.c_int64 * n)(*(getattr(call.fn, "packed_address") for call in calls)),
-                     (ctypes.c_int64 * len(words))(*words), (ctypes.c_int64 * n)(*offsets), ctypes.byref(self.status))
-
-    def __call__(self) -> None:
-        done = self.runner(*self.args)
-        if done != len(self.calls):
-            raise ValueError(f"CPU kernel {self.calls[done].name} failed at replay ({self.status.value})")
-
-
 def _pack_runs(calls: list[Callable[[], None]]) -> list[Callable[[], None]]:
     """The tape with every run of two or more packable native launches replayed from C (when the pointwise
     library, which holds the runner, is built)."""
-    from builtin_plugins.cpu.pointwise import load_pointwise_kernels
-
     kernels = load_pointwise_kernels()
-    if kernels is None:
-        return calls
-    packed: list[Callable[[], None]] = []
-    run: list[_NativeCall] = []
-    for call in [*calls, None]:
-        if isinstance(call, _NativeCall) and call.words is not None:
-            run.append(call)
-            continue
-        if len(run) > 1:
-            packed.append(_PackedRun(run, kernels.run_packed))
-        else:
-            packed.extend(run)
-        run = []
-        if call is not None:
-            packed.append(call)
-    return packed
+    return calls if kernels is None else pack_runs(calls, kernels.run_packed)
 
 
 class _TorchCall:
@@ -215,24 +128,19 @@ class CpuGraphBackend(GraphCaptureBackend):
         self.max_capture_size = envs.KC_CPU_GRAPH_MAX_BATCH
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> CpuTape:
-        global _tape
-        if _tape is not None:
-            raise RuntimeError("a CPU graph capture is already running")
         from kernelcore.distributed import get_tp_group
 
         if get_tp_group().world_size > 1:  # gloo collectives run outside the dispatcher: a tape would skip them
             raise CaptureRefused("tensor-parallel collectives are not recorded; decode steps run eagerly")
         calls: list[Callable[[], None]] = []
         keep: list = []
-        _tape = calls
         # tolist() and numpy() read values without dispatching an op the recorder would see.
         saved = torch.Tensor.tolist, torch.Tensor.numpy
         torch.Tensor.tolist = torch.Tensor.numpy = _refuse_host_read  # type: ignore[method-assign,assignment]
         try:
-            with _Recorder(calls, keep):
+            with recording(calls), _Recorder(calls, keep):  # native launches and torch ops, in one order
                 output = fn()
         finally:
-            _tape = None
             torch.Tensor.tolist, torch.Tensor.numpy = saved  # type: ignore[method-assign]
         if not isinstance(output, torch.Tensor):
             raise CaptureRefused("the captured forward did not return a tensor")

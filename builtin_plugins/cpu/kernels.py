@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
+from builtin_plugins.cpu.moe import onednn_fused_moe
+from builtin_plugins.cpu.pointwise import KERNELS
+from kernelcore import kernels as core_kernels
+
 
 def override_with_torch(kernels) -> None:
-    from kernelcore import kernels as core_kernels
-
     for name, fn in core_kernels.TORCH_REFERENCE_KERNELS.items():
         if kernels.has(name):
             kernels.override(name, fn, owner="cpu")
     if kernels.has("fused_moe"):
-        from builtin_plugins.cpu.moe import onednn_fused_moe
-
         kernels.override("fused_moe", onednn_fused_moe, owner="cpu")
-    from builtin_plugins.cpu.pointwise import KERNELS
-
     # The layers' CPU forwards call these entries: they exist even where no plugin registered the name.
     for name, fn in KERNELS.items():
         if not kernels.has(name):

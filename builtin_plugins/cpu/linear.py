@@ -7,17 +7,15 @@ the core's linear layers hold no CPU-specific code.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from builtin_plugins.cpu.linear_tuning import Candidates, Impl, run_tuned
+from builtin_plugins.cpu.small_gemm import SmallGemmKernel, load_small_gemm_kernel
 from kernelcore.layers.linear import Int8LinearMethod, UnquantizedLinearMethod
-
-if TYPE_CHECKING:
-    from builtin_plugins.cpu.small_gemm import SmallGemmKernel
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 _INT8_MM = hasattr(torch, "_weight_int8pack_mm")
@@ -77,18 +75,12 @@ def _native_variants(kernel: SmallGemmKernel, weight_name: str, scale_name: str 
     return variants
 
 
-def _small_gemm():
-    from builtin_plugins.cpu.small_gemm import load_small_gemm_kernel
-
-    return load_small_gemm_kernel()
-
-
 class OneDnnLinearMethod(UnquantizedLinearMethod):
     """Decode-sized calls (a few rows) through the native small-M kernel, the rest through oneDNN/MKL."""
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         super().process_weights_after_loading(layer)
-        self._kernel = _small_gemm()
+        self._kernel = load_small_gemm_kernel()
 
     def prepack(self, layer: nn.Module) -> None:
         """Pack the weight for oneDNN now (for a dtype oneDNN serves), not in the first batch that needs it."""
@@ -194,7 +186,7 @@ class CpuInt8LinearMethod(Int8LinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         super().process_weights_after_loading(layer)
-        self._kernel = _small_gemm()
+        self._kernel = load_small_gemm_kernel()
         if self._kernel is not None:
             scale = cast(torch.Tensor, layer.weight_scale)
             layer.register_buffer("weight_scale_f32", scale.float(), persistent=False)

@@ -28,6 +28,10 @@ from typing import Callable, cast
 import torch
 from torch import nn
 
+from builtin_plugins.cpu import small_gemm
+from builtin_plugins.cpu.cpuinfo import cpu_id
+from builtin_plugins.cpu.native import check_private, source_files
+
 logger = logging.getLogger("kernelcore.cpu")
 
 Impl = Callable[[nn.Module, torch.Tensor, "torch.Tensor | None"], "torch.Tensor | None"]
@@ -188,19 +192,14 @@ def _stream_sample(layers: list[nn.Module]) -> list[nn.Module]:
 
 def _identity(groups: dict[tuple, _Group], counts: list[int]) -> str:
     """What the measurements depend on: the machine, the threads, torch, the native kernels, the layers."""
-    from builtin_plugins.cpu import small_gemm
-    from builtin_plugins.cpu.native import cpu_id
-
-    parts = [cpu_id(), torch.__version__, str(torch.get_num_threads()), Path(small_gemm.SOURCE).read_text(),
-             repr(counts), repr(SAMPLE_BYTES)]
+    kernel = [path.read_text() for path in source_files(small_gemm.SOURCE)]  # the source and its headers
+    parts = [cpu_id(), torch.__version__, str(torch.get_num_threads()), *kernel, repr(counts), repr(SAMPLE_BYTES)]
     parts += [repr((key, str(g.candidates.dtype), len(g.layers), sorted(g.candidates.impls))) for key, g in groups.items()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
 def _read(cache: Path, groups: dict[tuple, _Group]) -> dict[tuple, tuple[str, ...]] | None:
     """The cached choices, or None where there are none (or they no longer name these layers' implementations)."""
-    from builtin_plugins.cpu.native import check_private
-
     try:
         check_private(cache)
         entries = json.loads(cache.read_text())

@@ -1,9 +1,10 @@
-"""The CPU platform's native decode-attention kernel: built with the machine's C++ compiler at first use.
+"""The CPU platform's native code: each kernel library built with the machine's C++ compiler at first use
+(``load_native``), and the decode-attention kernel (csrc/paged_attention.cpp).
 
-The source (csrc/paged_attention.cpp) includes no torch headers, so a build takes about a second; the shared
-library is cached under ``$KC_CACHE_DIR/cpu-kernels`` keyed by the source, the flags, the compiler and the
-CPU, and loaded with ctypes. Without a compiler (or with ``KC_CPU_NATIVE_KERNELS=0``) the attention backend
-keeps its torch implementation; the reason is logged once.
+The sources in csrc/ include no torch headers, so a build takes about a second; the shared library is cached
+under ``$KC_CACHE_DIR/cpu-kernels`` keyed by the source and the headers it may include, the flags, the compiler
+and the CPU, and loaded with ctypes. Without a compiler (or with ``KC_CPU_NATIVE_KERNELS=0``) each caller keeps
+its torch implementation; the reason is logged once.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from typing import Callable, TypeVar
 
 import torch
 
-from builtin_plugins.cpu.graphs import launch, replay_in_c
-from builtin_plugins.cpu.platform import read_cpuinfo
+from builtin_plugins.cpu.cpuinfo import cpu_id
+from builtin_plugins.cpu.launch import launch, replay_in_c
 from kernelcore import envs
 
-# The thread-count argument of every kernel: "the calling thread's torch.get_num_threads() at the call" (csrc
-# kc_threads), not the value at recording time, so recorded decode steps follow builtin_plugins.cpu.thread_policy.
+# The thread-count argument of every kernel: "the calling thread's torch.get_num_threads() at the call" (kc_threads
+# in csrc/kc_common.h), not the value at recording time, so recorded decode steps follow thread_policy.py.
 CURRENT_THREADS = 0
 
 logger = logging.getLogger("kernelcore.cpu")
@@ -134,9 +135,9 @@ def build_library(source: Path) -> Path:
     if not compiler:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     key = hashlib.sha256()
-    headers = [header.read_bytes() for header in sorted(source.parent.glob("*.h"))]  # what it may include
-    for part in (source.read_bytes(), *headers, " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(),
-                 _compiler_version(compiler).encode(), cpu_id().encode()):
+    sources = [path.read_bytes() for path in source_files(source)]  # a changed header is a changed library
+    for part in (*sources, " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(), _compiler_version(compiler).encode(),
+                 cpu_id().encode()):
         key.update(part)
     out_dir = Path(envs.KC_CACHE_DIR) / "cpu-kernels"
     library = out_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -158,6 +159,12 @@ def build_library(source: Path) -> Path:
     return library
 
 
+def source_files(source: Path) -> list[Path]:
+    """What a build of ``source`` depends on: the source and every header of csrc/ (any of which it may include,
+    directly or through another header)."""
+    return [source, *sorted(source.parent.glob("*.h"))]
+
+
 def check_private(path: Path) -> None:
     """Loading a library runs its code: refuse one that another user could have planted or replaced."""
     st = path.stat()
@@ -168,10 +175,3 @@ def check_private(path: Path) -> None:
 
 def _compiler_version(compiler: str) -> str:
     return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-
-
-def cpu_id() -> str:
-    """This CPU's model and flags (what -march=native ties a library to)."""
-    wanted = ("model name", "flags")
-    lines = read_cpuinfo().splitlines()
-    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted})) or os.uname().machine

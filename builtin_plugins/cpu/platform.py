@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-import functools
 import os
 
+from builtin_plugins.cpu.cpuinfo import read_cpuinfo
 from kernelcore import hookimpl
 from kernelcore.contract.platform import Platform
 
@@ -43,6 +43,7 @@ class CpuPlatform(Platform):
         registry.register("none", "builtin_plugins.cpu.linear:OneDnnLinearMethod", override=True)
         if "int8" in registry.names():
             registry.register("int8", "builtin_plugins.cpu.linear:CpuInt8LinearMethod", override=True)
+        # Imported here (and the kernel table below): detecting the platform imports this module without torch.
         from builtin_plugins.cpu.gguf_native import TYPES
 
         for kind in TYPES:  # the GGUF block types the native kernels compute, where a plugin registered them
@@ -56,16 +57,6 @@ class CpuPlatform(Platform):
         from builtin_plugins.cpu.kernels import override_with_torch
 
         override_with_torch(kernels)
-
-
-@functools.cache
-def read_cpuinfo() -> str:
-    """/proc/cpuinfo, read once per process ("" where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def _has_fast_bf16() -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from builtin_plugins.cpu.graphs import launch, replay_in_c
+from builtin_plugins.cpu.launch import launch, replay_in_c
 from builtin_plugins.cpu.native import CURRENT_THREADS, load_native
 from kernelcore import envs
 

@@ -1,8 +1,7 @@
 // Linear layers computed straight from GGUF (llama.cpp) quantized weights, as the file stores them: y[M, N] =
 // x[M, K] W[N, K]^T (+ bias), W given as N rows of ggml blocks. At decode sizes a linear is bound by the bytes
 // of weight it streams, so reading 4-6 bit blocks instead of a dequantized bfloat16 copy is the speed-up (and the
-// memory stays at the file's size). Built at first use by builtin_plugins/cpu/native.py, called through ctypes
-// (no torch headers; OpenMP resolves to the libgomp torch loaded, and each call uses the thread count passed).
+// memory stays at the file's size). Built and called as kc_common.h describes.
 //
 // Two kernels:
 //  * kc_gguf_matmul: dequantize-in-register. Each thread owns groups of NR output rows; per K tile (256 values)
@@ -23,7 +22,6 @@
 // dequantize() values equal gguf-py's numpy reference bit for bit: every product in the block formulas is
 // exact in float32 (an fp16 scale has 11 significant bits, the sub-scales and quants at most 8 + 6), so fused
 // multiply-adds and -ffast-math's reassociation round only the final value, as numpy does.
-#include <omp.h>
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -34,9 +32,16 @@
 #include <type_traits>
 #include <vector>
 
+#include "kc_common.h"
 #include "packed_call.h"
 
 namespace {
+
+using kc::fvec;
+using kc::loadv;
+using kc::store;
+using kc::to_bf16;
+using kc::VW;
 
 // ggml's type ids (the Python side passes them).
 enum : int {
@@ -84,20 +89,6 @@ inline float fp16(const uint8_t* p) {
   std::memcpy(&f, &bits, 4);
   return f;
 #endif
-}
-
-inline uint16_t to_bf16(float f) {  // round to nearest even, as torch's .to(torch.bfloat16)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffff) > 0x7f800000) return uint16_t((u >> 16) | 0x40);
-  return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-inline float from_bf16(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 uint32_t load32(const uint8_t* p) {
@@ -472,7 +463,7 @@ void dequantize_rows(const uint8_t* raw, int64_t raw_stride, int64_t rows, int64
 #pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = raw + r * raw_stride;
-    if (out_code == 0) {
+    if (out_code == kc::F32) {
       float* o = static_cast<float*>(out) + r * cols;
       for (int64_t b = 0; b < nb; ++b) dequant_block<T>(row + b * BS, o + b * QK);
     } else {
@@ -490,11 +481,10 @@ void dequantize_rows(const uint8_t* raw, int64_t raw_stride, int64_t rows, int64
 // Dequantize-in-register matmul.
 
 #ifdef __AVX512F__
-constexpr int VW = 16, MR_MAX = 4;  // float lanes; activation rows per pass (NR * MR accumulators of 32 registers)
+constexpr int MR_MAX = 4;  // activation rows per pass (NR * MR accumulators of 32 registers)
 #else
-constexpr int VW = 8, MR_MAX = 2;  // 16 registers
+constexpr int MR_MAX = 2;  // 16 registers
 #endif
-typedef float fvec __attribute__((vector_size(VW * 4)));
 constexpr int NR = 4;    // weight rows dequantized together (each activation load feeds NR FMAs)
 constexpr int TK = 256;  // values per tile: one K-quant block or 8 of the 32-value blocks
 
@@ -508,11 +498,6 @@ inline fvec fmav(fvec w, fvec x, fvec acc) {
 #else
   return acc + w * x;
 #endif
-}
-inline fvec loadv(const float* p) {
-  fvec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
 }
 // (not inlined: -ffast-math may reassociate the sum differently at each inlined site, and a row's bits must
 // not depend on which kernel computed it)
@@ -566,11 +551,6 @@ inline void tile_all_rows(const float* buf, const float* x, int64_t M, int64_t K
   }
 }
 
-template <typename Y>
-inline void store_out(Y* y, float v);
-template <> inline void store_out<float>(float* y, float v) { *y = v; }
-template <> inline void store_out<uint16_t>(uint16_t* y, float v) { *y = to_bf16(v); }
-
 #if defined(KC_DEQ256)
 // One activation row (decode at batch 1) on AVX2: each block's 32 values dequantized into four registers and
 // multiplied at once instead of through the tile buffer (a store and a reload per 8 values; the matmul ran at
@@ -623,7 +603,7 @@ void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
         }
       }
     }
-    for (int r = 0; r < rows; ++r) store_out(y + n0 + r, hsum(acc[r]) + (bias ? bias[n0 + r] : 0.0f));
+    for (int r = 0; r < rows; ++r) store(y + n0 + r, hsum(acc[r]) + (bias ? bias[n0 + r] : 0.0f));
   }
 }
 #else
@@ -664,7 +644,7 @@ void float_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int6
       }
       for (int r = 0; r < rows; ++r) {
         const float b = bias ? bias[n0 + r] : 0.0f;
-        for (int64_t m = 0; m < M; ++m) store_out(y + m * N + n0 + r, hsum(vacc[r * M + m]) + b);
+        for (int64_t m = 0; m < M; ++m) store(y + m * N + n0 + r, hsum(vacc[r * M + m]) + b);
       }
     }
   }
@@ -1302,7 +1282,7 @@ void int_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* raw, i
           case 2: int_row<T, 2>(row, a, m0, out, cbuf.data()); break;
           default: int_row<T, 1>(row, a, m0, out, cbuf.data()); break;
         }
-        for (int m = 0; m < mr; ++m) store_out(y + (m0 + m) * N + n, out[m] + b);
+        for (int m = 0; m < mr; ++m) store(y + (m0 + m) * N + n, out[m] + b);
         m0 += mr;
       }
     }
@@ -1314,19 +1294,19 @@ void int_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* raw, i
 template <template <int> class F, typename... A>
 int dispatch_all(int type, A&&... args) {
   switch (type) {
-    case Q4_0: F<Q4_0>::run(args...); return 0;
-    case Q4_1: F<Q4_1>::run(args...); return 0;
-    case Q5_0: F<Q5_0>::run(args...); return 0;
-    case Q5_1: F<Q5_1>::run(args...); return 0;
-    case Q8_0: F<Q8_0>::run(args...); return 0;
-    case Q2_K: F<Q2_K>::run(args...); return 0;
-    case Q3_K: F<Q3_K>::run(args...); return 0;
-    case Q4_K: F<Q4_K>::run(args...); return 0;
-    case Q5_K: F<Q5_K>::run(args...); return 0;
-    case Q6_K: F<Q6_K>::run(args...); return 0;
-    case IQ4_NL: F<IQ4_NL>::run(args...); return 0;
-    case IQ4_XS: F<IQ4_XS>::run(args...); return 0;
-    default: return -1;
+    case Q4_0: F<Q4_0>::run(args...); return kc::OK;
+    case Q4_1: F<Q4_1>::run(args...); return kc::OK;
+    case Q5_0: F<Q5_0>::run(args...); return kc::OK;
+    case Q5_1: F<Q5_1>::run(args...); return kc::OK;
+    case Q8_0: F<Q8_0>::run(args...); return kc::OK;
+    case Q2_K: F<Q2_K>::run(args...); return kc::OK;
+    case Q3_K: F<Q3_K>::run(args...); return kc::OK;
+    case Q4_K: F<Q4_K>::run(args...); return kc::OK;
+    case Q5_K: F<Q5_K>::run(args...); return kc::OK;
+    case Q6_K: F<Q6_K>::run(args...); return kc::OK;
+    case IQ4_NL: F<IQ4_NL>::run(args...); return kc::OK;
+    case IQ4_XS: F<IQ4_XS>::run(args...); return kc::OK;
+    default: return kc::BAD_ARGS;
   }
 }
 
@@ -1353,7 +1333,7 @@ template <int T> struct Dequant {
 template <int T> struct FloatMM {
   static void run(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t rs, int64_t N, const float* bias,
                   int y_code, void* y, int nt) {
-    if (y_code == 0) float_matmul<T, float>(x, M, K, raw, rs, N, bias, static_cast<float*>(y), nt);
+    if (y_code == kc::F32) float_matmul<T, float>(x, M, K, raw, rs, N, bias, static_cast<float*>(y), nt);
     else float_matmul<T, uint16_t>(x, M, K, raw, rs, N, bias, static_cast<uint16_t*>(y), nt);
   }
 };
@@ -1363,20 +1343,20 @@ template <int T> struct IntMM {
                   int y_code, void* y, int nt) {
     if constexpr (T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1 || T == Q8_0 || T == IQ4_NL || T == Q4_K ||
                   T == Q5_K || T == Q6_K) {
-      if (y_code == 0) int_matmul<T, float>(x, M, K, raw, rs, N, bias, static_cast<float*>(y), nt);
+      if (y_code == kc::F32) int_matmul<T, float>(x, M, K, raw, rs, N, bias, static_cast<float*>(y), nt);
       else int_matmul<T, uint16_t>(x, M, K, raw, rs, N, bias, static_cast<uint16_t*>(y), nt);
     }
   }
 };
 
-// Activations as contiguous float32 rows (x_code 1: bfloat16 widened once per call).
+// Activations as contiguous float32 rows (bfloat16 widened once per call).
 const float* float_rows(int x_code, const void* x, int64_t x_stride, int64_t M, int64_t K, std::vector<float>& tmp) {
-  if (x_code == 0 && x_stride == K) return static_cast<const float*>(x);
+  if (x_code == kc::F32 && x_stride == K) return static_cast<const float*>(x);
   tmp.resize(M * K);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; ++k) {
-      tmp[m * K + k] = x_code == 0 ? static_cast<const float*>(x)[m * x_stride + k]
-                                   : from_bf16(static_cast<const uint16_t*>(x)[m * x_stride + k]);
+      tmp[m * K + k] = x_code == kc::F32 ? static_cast<const float*>(x)[m * x_stride + k]
+                                         : kc::to_float(static_cast<const uint16_t*>(x)[m * x_stride + k]);
     }
   }
   return tmp.data();
@@ -1386,8 +1366,8 @@ int matmul_common(bool int_dot, int type, int x_code, const void* x, int64_t x_s
                   int64_t raw_stride, const float* bias, void* y, int64_t M, int64_t N, int64_t K, int num_threads) {
   const int qk = block_values(type);
   if (qk == 0 || (int_dot && !int_dot_type(type)) || K <= 0 || K % qk != 0 || M <= 0 || N <= 0 || x_stride < K ||
-      x_code < 0 || x_code > 1)
-    return -1;
+      (x_code != kc::F32 && x_code != kc::BF16))
+    return kc::BAD_ARGS;
   std::vector<float> tmp;
   const float* xf = float_rows(x_code, x, x_stride, M, K, tmp);
   num_threads = kc_threads(num_threads);
@@ -1414,15 +1394,15 @@ extern "C" int kc_gguf_features() {
 }
 
 // raw: `rows` rows of ggml blocks, raw_stride bytes apart; cols values per row -> out [rows, cols] contiguous,
-// float32 (out_code 0) or bfloat16 (1).
+// float32 or bfloat16 (out_code: kc::Dtype).
 extern "C" int kc_gguf_dequantize(int type, const uint8_t* raw, int64_t raw_stride, int64_t rows, int64_t cols,
                                   int out_code, void* out, int num_threads) {
   const int qk = block_values(type);
-  if (qk == 0 || cols % qk != 0 || rows < 0 || out_code < 0 || out_code > 1) return -1;
+  if (qk == 0 || cols % qk != 0 || rows < 0 || (out_code != kc::F32 && out_code != kc::BF16)) return kc::BAD_ARGS;
   return dispatch_all<Dequant>(type, raw, raw_stride, rows, cols, out_code, out, kc_threads(num_threads));
 }
 
-// y [M, N] (contiguous, x's dtype) = x [M, K] (rows x_stride elements apart; float32 0 / bfloat16 1) times the
+// y [M, N] (contiguous, x's dtype) = x [M, K] (rows x_stride elements apart; x_code: kc::Dtype) times the
 // [N, K] weight of ggml blocks (rows raw_stride bytes apart) transposed, + bias (float32 [N] or null).
 extern "C" int kc_gguf_matmul(int type, int x_code, const void* x, int64_t x_stride, const uint8_t* raw,
                               int64_t raw_stride, const float* bias, void* y, int64_t M, int64_t N, int64_t K,

@@ -1,6 +1,5 @@
 // Paged decode attention for the CPU platform: one query token per sequence, keys and values read once,
-// straight from the paged cache (no gathered copy). Built at first use by builtin_plugins/cpu/native.py
-// and called through ctypes, so it needs no torch headers; OpenMP resolves to the libgomp torch loaded.
+// straight from the paged cache (no gathered copy). Built and called as kc_common.h describes.
 //
 // Layouts (contiguous): q/out [num_seqs, num_heads, head_size], the query heads of one KV head adjacent
 // (GQA); key cache [num_blocks, num_kv_heads, head_size, block_size] (transposed within a block, so a query
@@ -8,11 +7,6 @@
 // head_size]; block_tables [num_seqs, max_blocks] and seq_lens [num_seqs] int64. Accumulation is float32
 // for both float32 and bfloat16 inputs. With a sliding window W > 0 a query at position p sees positions
 // p - W + 1 .. p only: blocks wholly before that are neither read nor checked (the engine may have freed them).
-#include <omp.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kc_common.h"
 #include "packed_call.h"
 
 #ifndef KC_PREFETCH_BLOCKS  // how far ahead in a block table the decode loops prefetch (0: none)
@@ -29,25 +24,11 @@
 
 namespace {
 
-inline float to_float(float x) { return x; }
-inline float to_float(uint16_t x) {
-  uint32_t bits = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline void store(float* dst, float x) { *dst = x; }
-inline void store(uint16_t* dst, float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
-    *dst = uint16_t((bits >> 16) | 0x40);
-    return;
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even, as torch does
-  *dst = uint16_t(bits >> 16);
-}
+using kc::fvec;
+using kc::loadv;
+using kc::store;
+using kc::to_float;
+using kc::VW;
 
 struct Shape {
   int64_t num_heads, num_kv_heads, head_size, block_size, max_blocks;
@@ -60,36 +41,14 @@ inline int64_t first_visible(const Shape& s, int64_t seq_len) {
   return s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
 }
 
-// Vectors of the machine's width: 16 floats with AVX-512, else 8. Wider generic vectors than the registers
-// (16 floats on AVX2) made GCC spill every intermediate through the stack: 2.7x (bfloat16) and 1.5x (float32)
-// slower, at 8-13 GB/s where the cache streams at about 20.
+// Vectors of kc::VW floats (the machine's width: 16 with AVX-512, else 8). Wider generic vectors than the
+// registers (16 floats on AVX2) made GCC spill every intermediate through the stack: 2.7x (bfloat16) and 1.5x
+// (float32) slower, at 8-13 GB/s where the cache streams at about 20.
 #ifdef __AVX512F__
-constexpr int VW = 16, ACC = 16;  // lanes; accumulators a loop keeps in registers (of 32)
+constexpr int ACC = 16;  // accumulators a loop keeps in registers (of 32)
 #else
-constexpr int VW = 8, ACC = 8;  // (of 16 on AVX2)
+constexpr int ACC = 8;  // (of 16 on AVX2)
 #endif
-typedef float fvec __attribute__((vector_size(VW * 4)));
-typedef uint16_t hvec __attribute__((vector_size(VW * 2)));
-typedef uint32_t uvec __attribute__((vector_size(VW * 4)));
-
-inline fvec loadv(const float* p) {
-  fvec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline fvec loadv(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
-#if defined(__AVX512F__)  // vpmovzxwd + vpslld, as on AVX2 (GCC splits the generic widening into halves)
-  return (fvec)_mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-#elif defined(__AVX2__)
-  return (fvec)_mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-#else
-  hvec h;
-  std::memcpy(&h, p, sizeof h);
-  return (fvec)(__builtin_convertvector(h, uvec) << 16);
-#endif
-}
 
 // f(std::integral_constant<int, R>) for R = rows (1 <= rows <= G): the row count as a template argument.
 template <int G, typename F>
@@ -366,53 +325,50 @@ void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_st
 
 // The new tokens' keys and values into their slots: each key into column `offset` of its block's transposed
 // [head_size, block_size] slab, each value into row `offset` of the [block_size, head_size] slab. k/v rows
-// are [num_kv_heads, head_size] contiguous, `*_token_stride` elements apart. Returns 0, -1 for an unknown
-// dtype, -2 for a slot outside the cache (nothing is written then).
+// are [num_kv_heads, head_size] contiguous, `*_token_stride` elements apart. Returns OK, BAD_ARGS for an unknown
+// dtype, OUT_OF_RANGE for a slot outside the cache (nothing is written then).
 extern "C" int kc_write_kv(int dtype, const void* k, const void* v, int64_t k_token_stride, int64_t v_token_stride,
                            void* k_cache, void* v_cache, const int64_t* slot_mapping, int64_t num_tokens,
                            int64_t num_kv_heads, int64_t head_size, int64_t block_size, int64_t num_cache_blocks,
                            int num_threads) {
   for (int64_t t = 0; t < num_tokens; ++t)
-    if (slot_mapping[t] < 0 || slot_mapping[t] >= num_cache_blocks * block_size) return -2;
-  if (dtype == 0)
-    write_kv(static_cast<const float*>(k), static_cast<const float*>(v), k_token_stride, v_token_stride,
-             static_cast<float*>(k_cache), static_cast<float*>(v_cache), slot_mapping, num_tokens, num_kv_heads,
-             head_size, block_size, num_threads);
-  else if (dtype == 1)
-    write_kv(static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), k_token_stride, v_token_stride,
-             static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache), slot_mapping, num_tokens,
-             num_kv_heads, head_size, block_size, num_threads);
-  else
-    return -1;
-  return 0;
+    if (slot_mapping[t] < 0 || slot_mapping[t] >= num_cache_blocks * block_size) return kc::OUT_OF_RANGE;
+  return kc::with_dtype(dtype, [&](auto type) {
+    using T = decltype(type);
+    write_kv(static_cast<const T*>(k), static_cast<const T*>(v), k_token_stride, v_token_stride,
+             static_cast<T*>(k_cache), static_cast<T*>(v_cache), slot_mapping, num_tokens, num_kv_heads, head_size,
+             block_size, num_threads);
+  });
 }
 
-// dtype: 0 = float32, 1 = bfloat16. Returns 0, -1 for shapes the kernel does not handle, -2 for a block table
+// dtype: kc::Dtype. Returns OK, BAD_ARGS for shapes the kernel does not handle, OUT_OF_RANGE for a block table
 // that points outside the cache.
 extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, const void* v_cache,
                                const int64_t* block_tables, const int64_t* seq_lens, void* out, int64_t num_seqs,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
                                int64_t max_blocks, int64_t num_cache_blocks, float scale, int64_t window,
                                int num_threads) {
-  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64) return -1;
-  if (num_heads > 1024 || block_size <= 0 || head_size <= 0 || dtype < 0 || dtype > 1 || window < 0) return -1;
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64) return kc::BAD_ARGS;
+  if (num_heads > 1024 || block_size <= 0 || head_size <= 0 || window < 0) return kc::BAD_ARGS;
+  if (dtype != kc::F32 && dtype != kc::BF16) return kc::BAD_ARGS;
   const Shape s{num_heads, num_kv_heads, head_size, block_size, max_blocks, scale, window};
   // Every block a sequence reads must exist: a bad table is an error here, not a read out of bounds.
   int64_t max_seq_len = 0;
   for (int64_t seq = 0; seq < num_seqs; ++seq) {
     const int64_t num_blocks = (seq_lens[seq] + block_size - 1) / block_size;
-    if (num_blocks > max_blocks) return -2;
+    if (num_blocks > max_blocks) return kc::OUT_OF_RANGE;
     for (int64_t b = first_visible(s, seq_lens[seq]) / block_size; b < num_blocks; ++b) {
       const int64_t block = block_tables[seq * max_blocks + b];
-      if (block < 0 || block >= num_cache_blocks) return -2;
+      if (block < 0 || block >= num_cache_blocks) return kc::OUT_OF_RANGE;
     }
     max_seq_len = std::max(max_seq_len, seq_lens[seq]);
   }
-  const DecodeOne decode_one = dtype == 0 ? pick<float>(s) : pick<uint16_t>(s);
-  decode_all(decode_one, dtype == 0 ? 4 : 2, static_cast<const char*>(q), static_cast<const char*>(k_cache),
-             static_cast<const char*>(v_cache), block_tables, seq_lens, static_cast<char*>(out), num_seqs,
-             max_seq_len, s, num_threads);
-  return 0;
+  return kc::with_dtype(dtype, [&](auto type) {
+    using T = decltype(type);
+    decode_all(pick<T>(s), sizeof(T), static_cast<const char*>(q), static_cast<const char*>(k_cache),
+               static_cast<const char*>(v_cache), block_tables, seq_lens, static_cast<char*>(out), num_seqs,
+               max_seq_len, s, num_threads);
+  });
 }
 
 KC_PACKED(kc_write_kv)

@@ -1,44 +1,30 @@
 // The per-layer pointwise ops of a decoder layer for the CPU platform: RMSNorm (with the fused residual add),
 // the rotary embedding (rotate-half style, in place) and SwiGLU's silu(gate) * up. At decode sizes each is a
 // few thousand elements, and torch spends more time dispatching its five or six ops per call than computing:
-// one pass here replaces them. Built at first use by builtin_plugins/cpu/native.py, called through ctypes.
+// one pass here replaces them. Built and called as kc_common.h describes.
 //
-// Tensors are float32 (dtype code 0) or bfloat16 (1), rows `stride` elements apart, columns contiguous.
+// Tensors are float32 (kc::F32) or bfloat16 (kc::BF16), rows `stride` elements apart, columns contiguous.
 // bfloat16 results are rounded where torch rounds them (each op's intermediate bfloat16 tensors), so the
 // results equal the torch references' up to float32 summation order.
-#include <omp.h>
-
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
+#include "kc_common.h"
 #include "packed_call.h"
 
 namespace {
 
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const uint16_t* p, int64_t i) {
-  uint32_t bits = uint32_t(p[i]) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+// Element i of a float32 or bfloat16 row. A bfloat16 row's x is already a bfloat16 value (round_to's), which
+// kc::store's rounding leaves as it is (a NaN made quiet).
+template <typename T>
+inline float load(const T* p, int64_t i) { return kc::to_float(p[i]); }
+template <typename T>
+inline void store(T* p, int64_t i, float x) { kc::store(p + i, x); }
+
 inline float round_to(float x, const float*) { return x; }
 inline float round_to(float x, const uint16_t*) {  // float -> bfloat16 -> float, nearest even (as torch)
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return x;
-  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline void store(float* p, int64_t i, float x) { p[i] = x; }
-inline void store(uint16_t* p, int64_t i, float x) {  // x is already a bfloat16 value
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) bits |= 0x00400000u;  // a quiet NaN
-  p[i] = uint16_t(bits >> 16);
+  const uint32_t bits = kc::bit_cast<uint32_t>(x);
+  return (bits & 0x7fffffffu) > 0x7f800000u ? x : kc::to_float(kc::to_bf16(x));  // a NaN as it is
 }
 
 // Parallel over rows only when there is enough work to pay for waking the threads.
@@ -114,53 +100,36 @@ extern "C" {
 
 int kc_rms_norm(int dtype, void* x, int64_t x_stride, void* residual, int64_t r_stride, const void* w, void* out,
                 int64_t o_stride, int64_t rows, int64_t hidden, float eps, int num_threads) {
-  if (rows < 0 || hidden <= 0) return -1;
-  if (dtype == 0) {
-    rms_norm(static_cast<float*>(x), x_stride, static_cast<float*>(residual), r_stride,
-             static_cast<const float*>(w), static_cast<float*>(out), o_stride, rows, hidden, eps, num_threads);
-  } else if (dtype == 1) {
-    rms_norm(static_cast<uint16_t*>(x), x_stride, static_cast<uint16_t*>(residual), r_stride,
-             static_cast<const uint16_t*>(w), static_cast<uint16_t*>(out), o_stride, rows, hidden, eps,
-             num_threads);
-  } else {
-    return -1;
-  }
-  return 0;
+  if (rows < 0 || hidden <= 0) return kc::BAD_ARGS;
+  return kc::with_dtype(dtype, [&](auto type) {
+    using T = decltype(type);
+    rms_norm(static_cast<T*>(x), x_stride, static_cast<T*>(residual), r_stride, static_cast<const T*>(w),
+             static_cast<T*>(out), o_stride, rows, hidden, eps, num_threads);
+  });
 }
 
 int kc_rotary(int dtype, int cache_dtype, const int64_t* positions, void* x, int64_t x_stride, int64_t tokens,
               int64_t heads, int64_t head_size, int64_t rotary_dim, const void* cache, int64_t cache_rows,
               int num_threads) {
-  if (tokens < 0 || rotary_dim <= 0 || rotary_dim % 2 || rotary_dim > head_size) return -1;
+  if (tokens < 0 || rotary_dim <= 0 || rotary_dim % 2 || rotary_dim > head_size) return kc::BAD_ARGS;
   for (int64_t t = 0; t < tokens; ++t) {  // checked before anything is written: the call fails whole
-    if (positions[t] < 0 || positions[t] >= cache_rows) return -1;
+    if (positions[t] < 0 || positions[t] >= cache_rows) return kc::BAD_ARGS;
   }
-  const int key = dtype * 2 + cache_dtype;
-  switch (key) {
-    case 0: rotary(positions, static_cast<float*>(x), x_stride, tokens, heads, head_size, rotary_dim,
-                   static_cast<const float*>(cache), num_threads); return 0;
-    case 1: rotary(positions, static_cast<float*>(x), x_stride, tokens, heads, head_size, rotary_dim,
-                   static_cast<const uint16_t*>(cache), num_threads); return 0;
-    case 2: rotary(positions, static_cast<uint16_t*>(x), x_stride, tokens, heads, head_size, rotary_dim,
-                   static_cast<const float*>(cache), num_threads); return 0;
-    case 3: rotary(positions, static_cast<uint16_t*>(x), x_stride, tokens, heads, head_size, rotary_dim,
-                   static_cast<const uint16_t*>(cache), num_threads); return 0;
-    default: return -1;
-  }
+  return kc::with_dtype(dtype, [&](auto type) {
+    return kc::with_dtype(cache_dtype, [&](auto cache_type) {
+      rotary(positions, static_cast<decltype(type)*>(x), x_stride, tokens, heads, head_size, rotary_dim,
+             static_cast<const decltype(cache_type)*>(cache), num_threads);
+    });
+  });
 }
 
 int kc_silu_and_mul(int dtype, const void* x, int64_t x_stride, void* out, int64_t o_stride, int64_t rows,
                     int64_t d, int num_threads) {
-  if (rows < 0 || d <= 0) return -1;
-  if (dtype == 0) {
-    silu_and_mul(static_cast<const float*>(x), x_stride, static_cast<float*>(out), o_stride, rows, d, num_threads);
-  } else if (dtype == 1) {
-    silu_and_mul(static_cast<const uint16_t*>(x), x_stride, static_cast<uint16_t*>(out), o_stride, rows, d,
-                 num_threads);
-  } else {
-    return -1;
-  }
-  return 0;
+  if (rows < 0 || d <= 0) return kc::BAD_ARGS;
+  return kc::with_dtype(dtype, [&](auto type) {
+    using T = decltype(type);
+    silu_and_mul(static_cast<const T*>(x), x_stride, static_cast<T*>(out), o_stride, rows, d, num_threads);
+  });
 }
 
 }  // extern "C"
@@ -177,7 +146,7 @@ extern "C" int64_t kc_run_packed(int64_t n, const int64_t* fns, const int64_t* w
   using Packed = int (*)(const int64_t*);
   for (int64_t i = 0; i < n; ++i) {
     const int result = reinterpret_cast<Packed>(static_cast<intptr_t>(fns[i]))(words + offsets[i]);
-    if (result != 0) {
+    if (result != kc::OK) {
       *status = result;
       return i;
     }

@@ -2,8 +2,7 @@
 // At one to a few rows a linear layer reads every weight once and does little arithmetic per byte, so its
 // speed is the weight's bytes over the memory bandwidth: an int8 weight read straight from memory (with its
 // per-output-channel float32 scale applied to each dot product) moves a quarter of float32's bytes and half
-// of bfloat16's. Built at first use by builtin_plugins/cpu/native.py and called through ctypes (no torch
-// headers; OpenMP resolves to the libgomp torch loaded).
+// of bfloat16's. Built and called as kc_common.h describes.
 //
 // Weights: float32 (code 0), bfloat16 (1) or int8 (2), contiguous [N, K]; activations and outputs float32 (0)
 // or bfloat16 (1), rows x_stride / y_stride elements apart. K must be a multiple of 8. Accumulation is float32.
@@ -14,7 +13,6 @@
 // on AVX-512), every weight widened to float32; and, where the CPU has AVX512-BF16 and the activations are
 // bfloat16, pair dot products (vdpbf16ps: 32 multiply-adds per instruction, twice the FMA's) over bfloat16 or
 // int8 weights (int8 -> bfloat16 is exact). Both accumulate float32 products of the same rounded inputs.
-#include <omp.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -24,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kc_common.h"
 #include "packed_call.h"
 
 #ifndef KC_PREFETCH_LOCALITY  // 0: prefetchnta
@@ -41,36 +40,20 @@
 
 namespace {
 
+using kc::fvec;
+using kc::loadv;  // float32 and bfloat16; int8 below
+using kc::store;
+using kc::to_float;
+using kc::VW;
+
 #ifdef __AVX512F__
-constexpr int VW = 16, REGS = 32;  // float lanes per vector; vector registers
+constexpr int REGS = 32;  // vector registers
 #else
-constexpr int VW = 8, REGS = 16;
+constexpr int REGS = 16;
 #endif
-typedef float fvec __attribute__((vector_size(VW * 4)));
 typedef int8_t i8vec __attribute__((vector_size(VW)));
-typedef uint16_t u16vec __attribute__((vector_size(VW * 2)));
-typedef uint32_t u32vec __attribute__((vector_size(VW * 4)));
 typedef int32_t i32vec __attribute__((vector_size(VW * 4)));
 
-inline fvec loadv(const float* p) {
-  fvec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline fvec loadv(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
-#if defined(__AVX512F__)
-  return (fvec)_mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-#elif defined(__AVX2__)
-  // GCC splits the generic widening into 128-bit halves (five instructions); this is vpmovzxwd + vpslld.
-  return (fvec)_mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-#else
-  u16vec h;
-  std::memcpy(&h, p, sizeof h);
-  return (fvec)(__builtin_convertvector(h, u32vec) << 16);
-#endif
-}
 inline fvec loadv(const int8_t* p) {
 #if defined(__AVX512F__)
   return (fvec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -88,25 +71,6 @@ inline fvec loadv(const T* p, int64_t n) {  // the first n (< VW) elements, zero
   T part[VW] = {};
   std::memcpy(part, p, n * sizeof(T));
   return loadv(part);
-}
-
-inline float to_float(float x) { return x; }
-inline float to_float(uint16_t x) {
-  uint32_t bits = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline void store(float* dst, float x) { *dst = x; }
-inline void store(uint16_t* dst, float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
-    *dst = uint16_t((bits >> 16) | 0x40);
-    return;
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even, as torch does
-  *dst = uint16_t(bits >> 16);
 }
 
 // Float lanes: weights of type W widened to float32, activations float32, one FMA per VW products.
@@ -301,10 +265,10 @@ std::vector<float> to_float_rows(const X* x, int64_t x_stride, int64_t M, int64_
 template <typename Y>
 int float_lanes(int w_code, const Args& a, const void* w, int64_t M, int64_t N, int num_threads) {
   switch (w_code) {
-    case 0: run<FloatLanes<float>, Y>(a, static_cast<const float*>(w), M, N, num_threads); return 0;
-    case 1: run<FloatLanes<uint16_t>, Y>(a, static_cast<const uint16_t*>(w), M, N, num_threads); return 0;
-    case 2: run<FloatLanes<int8_t>, Y>(a, static_cast<const int8_t*>(w), M, N, num_threads); return 0;
-    default: return -1;
+    case 0: run<FloatLanes<float>, Y>(a, static_cast<const float*>(w), M, N, num_threads); return kc::OK;
+    case 1: run<FloatLanes<uint16_t>, Y>(a, static_cast<const uint16_t*>(w), M, N, num_threads); return kc::OK;
+    case 2: run<FloatLanes<int8_t>, Y>(a, static_cast<const int8_t*>(w), M, N, num_threads); return kc::OK;
+    default: return kc::BAD_ARGS;
   }
 }
 
@@ -327,33 +291,34 @@ extern "C" int kc_small_gemm_features() {
 extern "C" int kc_small_gemm(int w_code, int x_code, const void* x, int64_t x_stride, const void* w,
                              const float* scale, const void* bias, void* y, int64_t y_stride, int64_t M, int64_t N,
                              int64_t K, int num_threads, int options) {
-  if (K % 8 != 0 || M <= 0 || N <= 0 || x_stride < K || y_stride < N || w_code < 0 || w_code > 2) return -1;
+  if (K % 8 != 0 || M <= 0 || N <= 0 || x_stride < K || y_stride < N || w_code < 0 || w_code > 2)
+    return kc::BAD_ARGS;
   num_threads = kc_threads(num_threads);
   Args a{x, x_stride, K, scale, bias, y, y_stride, (options & 2) != 0, (options & 4) != 0};
 #ifdef __AVX512BF16__
-  if (x_code == 1 && w_code == 1 && !(options & 1)) {
+  if (x_code == kc::BF16 && w_code == 1 && !(options & 1)) {
     run<PairLanes<uint16_t>, uint16_t>(a, static_cast<const uint16_t*>(w), M, N, num_threads);
-    return 0;
+    return kc::OK;
   }
-  if (x_code == 1 && w_code == 2 && !(options & 1)) {
+  if (x_code == kc::BF16 && w_code == 2 && !(options & 1)) {
     run<PairLanes<int8_t>, uint16_t>(a, static_cast<const int8_t*>(w), M, N, num_threads);
-    return 0;
+    return kc::OK;
   }
 #endif
   std::vector<float> xf;  // float lanes read float32 rows, K apart
-  if (x_code == 0 && x_stride != K) {
+  if (x_code == kc::F32 && x_stride != K) {
     xf = to_float_rows(static_cast<const float*>(x), x_stride, M, K);
-  } else if (x_code == 1) {
+  } else if (x_code == kc::BF16) {
     xf = to_float_rows(static_cast<const uint16_t*>(x), x_stride, M, K);
-  } else if (x_code != 0) {
-    return -1;
+  } else if (x_code != kc::F32) {
+    return kc::BAD_ARGS;
   }
   if (!xf.empty()) {
     a.x = xf.data();
     a.x_stride = K;
   }
-  return x_code == 0 ? float_lanes<float>(w_code, a, w, M, N, num_threads)
-                     : float_lanes<uint16_t>(w_code, a, w, M, N, num_threads);
+  return kc::with_dtype(x_code,
+                        [&](auto type) { return float_lanes<decltype(type)>(w_code, a, w, M, N, num_threads); });
 }
 
 KC_PACKED(kc_small_gemm)
