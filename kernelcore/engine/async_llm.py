@@ -24,7 +24,7 @@ from kernelcore.engine.outputs import RequestOutput
 from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
 from kernelcore.hostproc.ipc import AsyncChannel, remove_private_dir
-from kernelcore.metrics import StatLoggerBase
+from kernelcore.contract.stat_logger import StatLoggerBase
 from kernelcore.metrics.request_stats import FinishedRequestStats
 from kernelcore.metrics.stats import EngineStats
 
@@ -145,6 +145,10 @@ class AsyncLLM(ReplicaFailover):
         try:
             while not is_finished:
                 item = await tracked.queue.get()
+                # A consumer that fell behind (a slow client, a busy loop) takes the newest output only: they are
+                # cumulative, so one write then carries every token it missed.
+                while not (isinstance(item, BaseException) or item.finished or tracked.queue.empty()):
+                    item = tracked.queue.get_nowait()
                 if isinstance(item, BaseException):
                     is_finished = True
                     raise item

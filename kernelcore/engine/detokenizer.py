@@ -13,10 +13,21 @@ from kernelcore.core_types.sampling_params import SamplingParams
 NUM_CONTEXT_TOKENS = 5
 
 
+def _rust_backend(tokenizer):
+    """The tokenizers-library object behind a fast tokenizer whose ``decode`` is exactly the backend's (no
+    clean-up of spaces), else None. Two decodes per token are most of the front end's work for a streamed
+    token; transformers' wrapper around the backend call is several times the call itself."""
+    if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend if callable(getattr(backend, "decode", None)) else None
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = params.skip_special_tokens
+        self._backend = _rust_backend(tokenizer)
         self.stop = params.stop or []
         self.include_stop = params.include_stop_str_in_output
         self.stop_buffer_length = params.stop_buffer_length
@@ -27,6 +38,8 @@ class IncrementalDetokenizer:
         self.num_emitted_chars = 0
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def update(self, new_token_ids: list[int], is_stop_token: bool = False) -> str | None:
