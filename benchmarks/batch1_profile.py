@@ -46,9 +46,9 @@ def main(dtype, quantization, threads, num_runs, checkpoint_dir):
 
     from kernelcore import LLM, SamplingParams
     from kernelcore.engine.core import EngineCore
-    from kernelcore.executor.sampler import Sampler
     from kernelcore.engine.scheduler import Scheduler
     from kernelcore.executor.model_runner import ModelRunner
+    from kernelcore.executor.sampler import Sampler
     from kernelcore.executor.worker import WorkerBase
 
     path = build_checkpoint("llama", checkpoint_dir or tempfile.mkdtemp(prefix="kc-b1-"))
@@ -69,8 +69,8 @@ def main(dtype, quantization, threads, num_runs, checkpoint_dir):
         start = time.perf_counter()
         llm.generate([{"prompt_token_ids": list(range(500 + run, 628 + run))}], params, use_tqdm=False)
         total = time.perf_counter() - start
-        click.echo(f"{dtype} {quantization or ''} run {run + 1}: {128 / total:.1f} tok/s, request {total * 1e3:.0f} ms, "
-                   f"load {os.getloadavg()[0]:.1f}")
+        click.echo(f"{dtype} {quantization or ''} run {run + 1}: {128 / total:.1f} tok/s, "
+                   f"request {total * 1e3:.0f} ms, load {os.getloadavg()[0]:.1f}")
         for key, seconds in totals.most_common():
             click.echo(f"    {key:22s} {seconds * 1e3:9.1f} ms  {seconds / total:6.1%}")
 

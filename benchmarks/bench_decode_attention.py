@@ -3,13 +3,14 @@
     python benchmarks/bench_decode_attention.py [--threads 1] [--iters 20] [--block-size 16]
 
 One layer, one query per sequence, every sequence at the same context length in a paged cache whose blocks
-are shuffled (block size 16 unless --block-size). Prints median milliseconds per call for each path and their ratio, and the
-largest difference between the two outputs.
+are shuffled (block size 16 unless --block-size). Prints median milliseconds per call for each path and their
+ratio, and the largest difference between the two outputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -41,7 +42,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"threads {torch.get_num_threads()}")
-    print(f"{'shape':6} {'dtype':9} {'batch x ctx':>12} {'torch ms':>9} {'native ms':>9} {'speed-up':>8} {'max diff':>9}")
+    print(f"{'shape':6} {'dtype':9} {'batch x ctx':>12} {'torch ms':>9} {'native ms':>9} {'speed-up':>8} "
+          f"{'max diff':>9}")
     for name, (num_heads, num_kv_heads, head_size) in SHAPES.items():
         for dtype in (torch.float32, torch.bfloat16):
             impl = CpuAttentionImpl(num_heads, head_size, head_size ** -0.5, num_kv_heads)
@@ -58,11 +60,11 @@ def main() -> None:
                 seq_lens = torch.full((batch,), context)
                 q = torch.randn(batch, num_heads, head_size).to(dtype)
 
-                def run_torch(scratch={}):
-                    return impl._decode_torch(q, k_cache, v_cache, block_tables, seq_lens, context, scratch)
-
-                def run_native():
-                    return impl.native_decode(q, k_cache, v_cache, block_tables, seq_lens, impl.scale)
+                scratch: dict = {}  # the torch path's buffers, kept between its calls
+                run_torch = functools.partial(impl._decode_torch, q, k_cache, v_cache, block_tables, seq_lens, context,
+                                              scratch)
+                run_native = functools.partial(impl.native_decode, q, k_cache, v_cache, block_tables, seq_lens,
+                                               impl.scale)
 
                 diff = (run_torch().float() - run_native().float()).abs().max().item()
                 torch_ms, native_ms = time_ms(run_torch, args.iters), time_ms(run_native, args.iters)

@@ -10,6 +10,7 @@ prepacked oneDNN path the layers use (plain F.linear printed alongside); "matmul
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -51,7 +52,7 @@ def matmul_roofline(model, batch: int, dtype: torch.dtype, iters: int, prepacked
     holders = [torch.nn.Module() for _ in modules]  # own packed copies, not the model's
 
     def run():
-        for x, m, h in zip(inputs, modules, holders):
+        for x, m, h in zip(inputs, modules, holders, strict=True):
             fast_linear(h, x, m.weight, None) if prepacked else F.linear(x, m.weight)
 
     with torch.inference_mode():
@@ -75,14 +76,15 @@ def bench(shape: str, dtype: str, batches: list[int], iters: int) -> list[dict]:
             entries = [SeqBatchEntry([7], CONTEXT - 1, list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)))
                        for i in range(batch)]
             n = max(3, iters // (1 + batch // 32))
-            forward = median_time(lambda: runner.execute(entries), n)
+            forward = median_time(functools.partial(runner.execute, entries), n)
             roofline = matmul_roofline(runner.model, batch, runner.dtype, n, prepacked=True)
             plain = matmul_roofline(runner.model, batch, runner.dtype, n, prepacked=False)
             rows.append({"model": shape, "dtype": dtype, "batch": batch, "forward_ms": forward * 1e3,
                          "matmul_ms": roofline * 1e3, "plain_matmul_ms": plain * 1e3,
                          "matmul_pct": 100 * roofline / forward, "tokens_per_s": batch / forward})
-            print(f"{shape:11s} {dtype:9s} batch {batch:4d}: forward {forward * 1e3:8.2f} ms  matmuls {roofline * 1e3:8.2f} ms"
-                  f" (F.linear {plain * 1e3:8.2f} ms)  matmul share {100 * roofline / forward:5.1f}%"
+            print(f"{shape:11s} {dtype:9s} batch {batch:4d}: forward {forward * 1e3:8.2f} ms"
+                  f"  matmuls {roofline * 1e3:8.2f} ms (F.linear {plain * 1e3:8.2f} ms)"
+                  f"  matmul share {100 * roofline / forward:5.1f}%"
                   f"  {batch / forward:8.1f} tok/s", flush=True)
         runner.allocate_kv_cache(0)
     return rows

@@ -7,6 +7,7 @@ oneDNN path the layers use (builtin_plugins.cpu.linear.fast_linear), interleaved
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -16,6 +17,15 @@ import torch.nn.functional as F
 from builtin_plugins.cpu.linear import fast_linear
 
 SHAPES = [(768, 1280), (768, 768), (768, 4096), (2048, 768), (768, 32000)]  # (in, out)
+
+
+def plain(xs: list[torch.Tensor], weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [F.linear(x, w) for x, w in zip(xs, weights, strict=True)]
+
+
+def prepacked(holders: list[torch.nn.Module], xs: list[torch.Tensor],
+              weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [fast_linear(h, x, w, None) for h, x, w in zip(holders, xs, weights, strict=True)]
 
 
 def main() -> None:
@@ -31,11 +41,12 @@ def main() -> None:
         holders = [torch.nn.Module() for _ in weights]
         for rows in args.rows:
             xs = [torch.randn(rows, k, dtype=dtype) for k, _ in SHAPES]
-            variants = {"F.linear": lambda: [F.linear(x, w) for x, w in zip(xs, weights)],
-                        "prepacked": lambda: [fast_linear(h, x, w, None) for h, x, w in zip(holders, xs, weights)]}
+            variants = {"F.linear": functools.partial(plain, xs, weights),
+                        "prepacked": functools.partial(prepacked, holders, xs, weights)}
             with torch.inference_mode():
                 ref, out = variants["F.linear"](), variants["prepacked"]()
-                err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item() for a, b in zip(out, ref))
+                err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                          for a, b in zip(out, ref, strict=True))
                 times = {k: [] for k in variants}
                 for _ in range(args.iters if rows < 1000 else 3):
                     for k, fn in variants.items():

@@ -20,9 +20,8 @@ import time
 import click
 import requests
 
-
-BODY = {"model": "m", "messages": [{"role": "user", "content": "Tell me about Paris."}], "max_tokens": int(os.environ.get("KC_BENCH_MAX_TOKENS", "30")),
-        "temperature": 0, "ignore_eos": True}
+BODY = {"model": "m", "messages": [{"role": "user", "content": "Tell me about Paris."}],
+        "max_tokens": int(os.environ.get("KC_BENCH_MAX_TOKENS", "30")), "temperature": 0, "ignore_eos": True}
 
 
 def start(model: str, config: str, port: int) -> subprocess.Popen:

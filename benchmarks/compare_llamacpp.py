@@ -93,7 +93,8 @@ def add_tokenizer(path: str, vocab_size: int) -> None:
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(path)
 
 
 def make_workload(name: str, vocab_size: int) -> tuple[list[tuple[list[int], int]], int]:
@@ -434,9 +435,9 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
                 kc, ll = results.get(("kc", w), []), results.get(("llama", w), [])
                 med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731
                 row = dict(precision=precision, workload=w, unit="tok/s", kc=med(kc), llama=med(ll),
-                           ratio=med([a / b for a, b in zip(kc, ll)]), kc_runs=kc, llama_runs=ll)
+                           ratio=med([a / b for a, b in zip(kc, ll, strict=False)]), kc_runs=kc, llama_runs=ll)
                 if w in TTFT_WORKLOADS:  # milliseconds: the ratio llama/kc, > 1 where kc is faster
-                    row.update(unit="ms to first token", ratio=med([b / a for a, b in zip(kc, ll)]),
+                    row.update(unit="ms to first token", ratio=med([b / a for a, b in zip(kc, ll, strict=False)]),
                                prompt_tokens=prompt_len[w], output_tokens=TTFT_OUT, context=ctx)
                 elif w == "neighbour1":
                     row.update(neighbours=neighbours)

@@ -26,7 +26,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import click
 import numpy as np
@@ -92,12 +92,14 @@ def time_round_robin(fns: dict[str, Callable[[], object]], repeats: int, min_s: 
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def cycling(fn: Callable[[int], object], count: int) -> Callable[[], object]:
+def cycling(fn: Callable[..., object], x: torch.Tensor, weights: list[torch.Tensor], *args: object,
+            **kwargs: object) -> Callable[[], object]:
+    """A call of ``fn(x, weight, *args, **kwargs)`` that takes the next of ``weights`` (the copies) each time."""
     state = [0]
 
     def call() -> object:
-        state[0] = (state[0] + 1) % count
-        return fn(state[0])
+        state[0] = (state[0] + 1) % len(weights)
+        return fn(x, weights[state[0]], *args, **kwargs)
     return call
 
 
@@ -152,18 +154,17 @@ def main(threads: str, rows: str, models: str, layers: str, columns: str, repeat
                 x16 = x.bfloat16()
                 fns: dict[str, Callable[[], object]] = {}
                 if "float" in wanted:
-                    fns["float"] = cycling(lambda i: kernel.matmul(x, raws[i], type_name), len(raws))
+                    fns["float"] = cycling(kernel.matmul, x, raws, type_name)
                 if "int" in wanted and kernel.supports(type_name, int_dot=True):
-                    fns["int"] = cycling(lambda i: kernel.matmul(x, raws[i], type_name, int_dot=True), len(raws))
+                    fns["int"] = cycling(kernel.matmul, x, raws, type_name, int_dot=True)
                 if "deq32" in wanted:
-                    fns["deq32"] = cycling(lambda i: kernel.linear(x, raws[i], type_name, None, "dequant"), len(raws))
+                    fns["deq32"] = cycling(kernel.linear, x, raws, type_name, None, "dequant")
                 if "deq16" in wanted:
-                    fns["deq16"] = cycling(lambda i: kernel.linear(x16, raws[i], type_name, None, "dequant"),
-                                           len(raws))
+                    fns["deq16"] = cycling(kernel.linear, x16, raws, type_name, None, "dequant")
                 if w32s:
-                    fns["f32lin"] = cycling(lambda i: F.linear(x, w32s[i]), len(w32s))
+                    fns["f32lin"] = cycling(F.linear, x, w32s)
                 if w16s:
-                    fns["bf16lin"] = cycling(lambda i: F.linear(x16, w16s[i]), len(w16s))
+                    fns["bf16lin"] = cycling(F.linear, x16, w16s)
                 secs = time_round_robin(fns, repeats, min_ms / 1e3)
                 cells = " ".join(f"{secs[c] * 1e6:9.0f} ({raw.nbytes / secs[c] / 1e9:4.1f})" if c in secs
                                  else f"{'-':>15}" for c in wanted)

@@ -89,8 +89,8 @@ def kernelcore_results(path: str, tokens: list[int], prompts: list[list[int]], c
     try:
         scored = llm.generate([{"prompt_token_ids": t} for t in [tokens, *chunked]],
                               SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
-        token_logp = [[entry[t].logprob for entry, t in zip(out.prompt_logprobs[1:], ids[1:])]
-                      for out, ids in zip(scored, [tokens, *chunked])]
+        token_logp = [[entry[t].logprob for entry, t in zip(out.prompt_logprobs[1:], ids[1:], strict=True)]
+                      for out, ids in zip(scored, [tokens, *chunked], strict=True)]
         params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return {"token_logprobs": token_logp[0], "chunk_logprobs": token_logp[1:],
@@ -112,7 +112,7 @@ def chunked_perplexity(chunk_logprobs: list[list[float]]) -> float:
 
 
 def agreement(greedy: list[list[int]], reference: list[list[int]]) -> int:
-    return sum(a == b for a, b in zip(greedy, reference))
+    return sum(a == b for a, b in zip(greedy, reference, strict=False))
 
 
 def llamacpp_results(path: str, tokens: list[int], prompts: list[list[int]]) -> dict:
@@ -188,10 +188,11 @@ def main(files: tuple[str, ...], llamacpp: bool, dtype: str) -> None:
         print(f"{r['file']}: {r['tokens']} tokens")
         print(f"  perplexity      reference {r['ppl_reference']:.4f}  kernelcore {r['ppl_kernelcore']:.4f} "
               f"({100 * (r['ppl_kernelcore'] / r['ppl_reference'] - 1):+.2f}%)")
-        print(f"  greedy {GREEDY_TOKENS} tokens kernelcore {r['agree_kernelcore']}/{NUM_PROMPTS} prompts equal to the reference"
-              + (f", llama.cpp {r['agree_llamacpp']}/{NUM_PROMPTS}" if llamacpp else ""))
+        print(f"  greedy {GREEDY_TOKENS} tokens kernelcore {r['agree_kernelcore']}/{NUM_PROMPTS} prompts equal to "
+              "the reference" + (f", llama.cpp {r['agree_llamacpp']}/{NUM_PROMPTS}" if llamacpp else ""))
         print(f"  chunked ppl     reference {r['chunked_ppl_reference']:.4f}  kernelcore "
-              f"{r['chunked_ppl_kernelcore']:.4f}" + (f"  llama.cpp {r['chunked_ppl_llamacpp']:.4f}" if llamacpp else ""))
+              f"{r['chunked_ppl_kernelcore']:.4f}"
+              + (f"  llama.cpp {r['chunked_ppl_llamacpp']:.4f}" if llamacpp else ""))
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def run_kernelcore_tiny(path: str, eager: bool) -> dict:
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     graphs = llm.engine_core.executor.worker.model_runner.graph_runner
     run = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
-           "logprobs": [[step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+           "logprobs": [[step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]
                         for o in outs],
            "graph_replays": None if graphs is None else graphs.num_replays}
     llm.shutdown()
@@ -131,10 +131,11 @@ def parity(device: str, root: str, smoke: bool) -> dict:
             arch["graphs_equal_eager_tokens"] = runs["graphs"]["tokens"] == runs["eager"]["tokens"]
         for mode, run in runs.items():
             arch[mode] = {
-                "greedy_token_match": sum(a == b for g, w in zip(run["tokens"], ref["greedy"]) for a, b in zip(g, w))
-                / total,
-                "max_logprob_abs_diff": max(abs(a - b) for g, w in zip(run["logprobs"], ref["logprobs"][mode])
-                                            for a, b in zip(g, w)),
+                "greedy_token_match": sum(a == b for g, w in zip(run["tokens"], ref["greedy"], strict=False)
+                                          for a, b in zip(g, w, strict=False)) / total,
+                "max_logprob_abs_diff": max(abs(a - b)
+                                            for g, w in zip(run["logprobs"], ref["logprobs"][mode], strict=False)
+                                            for a, b in zip(g, w, strict=False)),
                 "graph_replays": run["graph_replays"]}
         report[name] = arch
         print(f"parity {name}: {json.dumps(arch)}", flush=True)
@@ -236,7 +237,8 @@ def summary(data: dict) -> list[str]:
         if "error" in r:
             lines.append(f"{mode}: ERROR")
             continue
-        tps = " ".join(f"{w} {r[f'{w}_tokens_per_s']:.0f} tok/s" for w in ("uniform", "mixed") if f"{w}_tokens_per_s" in r)
+        tps = " ".join(f"{w} {r[f'{w}_tokens_per_s']:.0f} tok/s" for w in ("uniform", "mixed")
+                       if f"{w}_tokens_per_s" in r)
         steps = " ".join(f"b{k[len('decode_batch'):]} {v['step_ms']:.2f} ms (matmuls {v['matmul_share']:.0%})"
                          for k, v in r.items() if k.startswith("decode_batch"))
         memory = r.get("memory") or {}

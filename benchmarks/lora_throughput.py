@@ -30,9 +30,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 def make_engine(path: str, workload, adapters: list[str] | None, use_adapters: bool, max_num_seqs: int,
                 max_num_batched_tokens: int, num_threads: int | None = None):
     from kernelcore.config_builder import build_config
+    from kernelcore.core_types.sampling_params import SamplingParams
     from kernelcore.engine.core import EngineCore
     from kernelcore.engine.request import EngineCoreRequest
-    from kernelcore.core_types.sampling_params import SamplingParams
 
     lora = dict(enable_lora=True, max_loras=4, max_lora_rank=8) if adapters else {}
     core = EngineCore(build_config(model=path, max_model_len=2048, kv_cache_memory=512 << 20,
@@ -82,7 +82,6 @@ def run_interleaved(engines: dict) -> dict:
 @click.option("--work-dir", default=None, help="Keeps the checkpoint and adapters between runs.")
 def main(shape, workload_name, num_runs, quick, max_num_seqs, max_num_batched_tokens, threads, work_dir):
     import torch
-
     from lora_helpers import make_peft_adapter
     from throughput import build_checkpoint, make_workload
 

@@ -75,8 +75,8 @@ def main(weights, rows, threads, repeats):
             for _ in range(repeats):
                 for name, impl in impls.items():
                     start = time.perf_counter()
-                    for layer, layer_scales in zip(layers, scales):
-                        for w, s in zip(layer, layer_scales):
+                    for layer, layer_scales in zip(layers, scales, strict=True):
+                        for w, s in zip(layer, layer_scales, strict=True):
                             impl(xs[w.shape[1]], w, s)
                     best[name] = min(best[name], time.perf_counter() - start)
             cells = [f"{name} {t * 1e3:.2f} ms ({nbytes / t / 1e9:.1f} GB/s)" for name, t in best.items()]

@@ -122,7 +122,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(adapter: str, log_path: str, extra: list[str] = (), timeout: float = 600) -> tuple[subprocess.Popen, str]:
+def start_server(adapter: str, log_path: str, extra: list[str] = (),
+                 timeout: float = 600) -> tuple[subprocess.Popen, str]:
     """`kc serve` (default model + the adapter + hermes tools) on a free port, output to ``log_path``."""
     import requests
 

@@ -117,7 +117,8 @@ def main(model: str | None, spec: str, flags: str, num_runs: int, max_tokens: in
 
         model = model_fetch.fetch("smollm2-135m-instruct-q4_1")
     plain_url, spec_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
-    servers = [start(model, flags.split(), port), start(model, [*flags.split(), "--speculative-config", spec], port + 1)]
+    servers = [start(model, flags.split(), port),
+               start(model, [*flags.split(), "--speculative-config", spec], port + 1)]
     try:
         for url in (plain_url, spec_url):
             chat(url, "Hello!", 8)  # warm-up
@@ -130,15 +131,17 @@ def main(model: str | None, spec: str, flags: str, num_runs: int, max_tokens: in
                     text_a, n_a, t_a = chat(plain_url, prompt, max_tokens)
                     text_b, n_b, t_b = chat(spec_url, prompt, max_tokens)
                     if text_a != text_b:
-                        print(f"  DIFFERENT ANSWERS for {prompt[:40]!r}:\n    plain {text_a[:80]!r}\n    spec  {text_b[:80]!r}")
+                        print(f"  DIFFERENT ANSWERS for {prompt[:40]!r}:\n    plain {text_a[:80]!r}\n"
+                              f"    spec  {text_b[:80]!r}")
                     plain_tps.append(n_a / t_a)
                     spec_tps.append(n_b / t_b)
                     ratios.append((n_b / t_b) / (n_a / t_a))
             drafts1, accepted1 = spec_counters(spec_url)
             rate = (accepted1 - accepted0) / max(drafts1 - drafts0, 1)
-            print(f"{name:16s} plain {statistics.median(plain_tps):6.1f} tok/s   ngram {statistics.median(spec_tps):6.1f}"
-                  f" tok/s   ratio x{statistics.median(ratios):.2f} (per-prompt ratios {min(ratios):.2f}-"
-                  f"{max(ratios):.2f})   acceptance {rate:.0%} of {drafts1 - drafts0:.0f} drafts", flush=True)
+            print(f"{name:16s} plain {statistics.median(plain_tps):6.1f} tok/s"
+                  f"   ngram {statistics.median(spec_tps):6.1f} tok/s   ratio x{statistics.median(ratios):.2f}"
+                  f" (per-prompt ratios {min(ratios):.2f}-{max(ratios):.2f})"
+                  f"   acceptance {rate:.0%} of {drafts1 - drafts0:.0f} drafts", flush=True)
     finally:
         for proc in servers:
             proc.terminate()

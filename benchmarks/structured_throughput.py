@@ -36,8 +36,8 @@ def run(llm, prompts, params) -> tuple[float, int]:
 @click.option("--requests", "num_requests", default=32, show_default=True)
 @click.option("--repeats", default=3, show_default=True)
 def main(model: str | None, num_requests: int, repeats: int) -> None:
-    from kernelcore.engine.llm import LLM
     from kernelcore.core_types.sampling_params import SamplingParams
+    from kernelcore.engine.llm import LLM
 
     llm = LLM(model, max_model_len=1024)
     prompts = [f"Request {i}: describe the item as JSON." for i in range(num_requests)]

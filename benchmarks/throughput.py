@@ -154,14 +154,14 @@ def _time_experts(model, total: list[float]):
     modules = [m for m in model.modules() if isinstance(m, fused_moe.FusedMoE)]
     originals = [m._forward_method for m in modules]
     select = fused_moe.select_experts
-    for module, inner in zip(modules, originals):
+    for module, inner in zip(modules, originals, strict=True):
         module._forward_method = timed(inner, 0)
     fused_moe.select_experts = timed(select, 1)
     try:
         yield
     finally:
         fused_moe.select_experts = select
-        for module, inner in zip(modules, originals):
+        for module, inner in zip(modules, originals, strict=True):
             module._forward_method = inner
 
 
@@ -231,11 +231,13 @@ def _numel(shape) -> int:
 
 
 @click.command("throughput")
-@click.option("--shape", type=click.Choice([*SHAPES, "all"]), multiple=True, default=["opt", "llama"], show_default=True)
+@click.option("--shape", type=click.Choice([*SHAPES, "all"]), multiple=True, default=["opt", "llama"],
+              show_default=True)
 @click.option("--workload", type=click.Choice(["uniform", "mixed", "shared-prefix", "all"]), multiple=True,
               default=["all"], show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
-@click.option("--num-runs", type=int, default=1, show_default=True, help="Repeat each measurement; medians are printed.")
+@click.option("--num-runs", type=int, default=1, show_default=True,
+              help="Repeat each measurement; medians are printed.")
 @click.option("--quick", is_flag=True, help="A quarter of the requests and output tokens (smoke run).")
 @click.option("--skip-hf", is_flag=True, help="Do not run transformers generate.")
 @click.option("--max-num-seqs", type=int, default=128, show_default=True)
@@ -275,7 +277,8 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
                     hf_runs.append(run_transformers(path, work, dtype, threads=threads))
             kc = statistics.median(r["tokens_per_s"] for r in kc_runs)
             hf = statistics.median(r["tokens_per_s"] for r in hf_runs) if hf_runs else float("nan")
-            ratio = statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(kc_runs, hf_runs)) if hf_runs else None
+            ratio = statistics.median(a["tokens_per_s"] / b["tokens_per_s"]
+                                      for a, b in zip(kc_runs, hf_runs, strict=True)) if hf_runs else None
             row = dict(shape=s, workload=w, dtype=dtype, quick=quick, num_requests=len(work),
                        kernelcore_tokens_per_s=kc, transformers_tokens_per_s=hf, ratio=ratio,
                        kernelcore_peak_rss_gib=max(r["peak_rss_gib"] for r in kc_runs),
@@ -288,10 +291,11 @@ def throughput(shape, workload, dtype, num_runs, quick, skip_hf, max_num_seqs, m
                 row["multiprocess_tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in mp_runs)
                 # IPC overhead: how much slower the engine-core process path is (median over the per-run pairs).
                 row["multiprocess_overhead"] = statistics.median(1 - b["tokens_per_s"] / a["tokens_per_s"]
-                                                                 for a, b in zip(kc_runs, mp_runs))
+                                                                 for a, b in zip(kc_runs, mp_runs, strict=True))
             results.append(row)
             click.echo(f"{s:6s} {w:14s} kernelcore {kc:7.1f} tok/s | transformers {hf:7.1f} tok/s | "
-                       f"ratio {row['ratio'] or float('nan'):5.2f}x | peak RSS kc {row['kernelcore_peak_rss_gib']:.2f} GiB"
+                       f"ratio {row['ratio'] or float('nan'):5.2f}x | "
+                       f"peak RSS kc {row['kernelcore_peak_rss_gib']:.2f} GiB"
                        f" hf {row['transformers_peak_rss_gib'] or float('nan'):.2f} GiB | "
                        f"prefix hits {row['prefix_hit_rate']:.0%} | roofline {row['roofline_share']:.0%}"
                        + (f" | MoE layers {row['expert_share']:.0%} of kc time, expert matmuls "

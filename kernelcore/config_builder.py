@@ -14,8 +14,17 @@ import logging
 import os
 from typing import Any
 
-from kernelcore.contract.config import (CacheConfig, DecodingConfig, KernelConfig, LoraConfig, ModelConfig, ParallelConfig,
-                               SchedulerConfig, SpeculativeConfig, validate_custom_ops)
+from kernelcore.contract.config import (
+    CacheConfig,
+    DecodingConfig,
+    KernelConfig,
+    LoraConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    validate_custom_ops,
+)
 
 logger = logging.getLogger("kernelcore.config")
 
@@ -32,7 +41,8 @@ def _load_hf_config_cached(model_path: str, overrides_json: str):
             setattr(hf_config, key, value)
         return hf_config
     if not os.path.isdir(model_path):
-        raise FileNotFoundError(f"model directory {model_path!r} does not exist (kernelcore loads local HF checkpoints only)")
+        raise FileNotFoundError(f"model directory {model_path!r} does not exist "
+                                "(kernelcore loads local HF checkpoints only)")
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise FileNotFoundError(f"{model_path!r} has no config.json: not a Hugging Face checkpoint directory")
     hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
@@ -152,8 +162,9 @@ def build_config(**kwargs: Any) -> KernelConfig:
     if model.served_model_name is None:
         model.served_model_name = os.path.basename(model.model.rstrip("/")) or model.model
 
-    config = KernelConfig(model=model, cache=cache, parallel=parallel, scheduler=scheduler, lora=lora, decoding=decoding,
-                          speculative=speculative, custom_ops=custom_ops, device_type=current_platform.device_type, plugin_options=plugin_options,
+    config = KernelConfig(model=model, cache=cache, parallel=parallel, scheduler=scheduler, lora=lora,
+                          decoding=decoding, speculative=speculative, custom_ops=custom_ops,
+                          device_type=current_platform.device_type, plugin_options=plugin_options,
                           platform_plugin=current_platform.plugin_name, user_set=user_set)
     plugins.call_each("apply_config_platform_defaults", config=config)
     plugins.call_each("check_and_update_config", config=config)

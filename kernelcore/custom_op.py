@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -24,8 +25,8 @@ from kernelcore.contract.config import get_current_config
 
 logger = logging.getLogger("kernelcore.custom_op")
 
-op_registry: dict[str, type["CustomOp"]] = {}
-op_registry_oot: dict[str, type["CustomOp"]] = {}
+op_registry: dict[str, type[CustomOp]] = {}
+op_registry_oot: dict[str, type[CustomOp]] = {}
 
 
 def _owner(cls: type) -> str:
@@ -114,7 +115,8 @@ class CustomOp(torch.nn.Module):
         def decorator(op_cls: Any) -> Any:
             existing = op_registry.get(name)
             if existing is not None and not _same_definition(existing, op_cls):
-                raise ValueError(f"custom op name {name!r} is registered twice: by {_owner(existing)} and by {_owner(op_cls)}")
+                raise ValueError(f"custom op name {name!r} is registered twice: by {_owner(existing)} "
+                                 f"and by {_owner(op_cls)}")
             op_cls.name = name
             op_registry[name] = op_cls
             return op_cls

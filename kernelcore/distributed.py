@@ -112,7 +112,8 @@ def init_distributed(world_size: int, rank: int, init_method: str | None, backen
     if tp == world_size:
         set_tp_group(make_device_communicator())
         return
-    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(world_size // tp)]  # every rank, same order
+    # Every rank creates every group, in the same order.
+    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(world_size // tp)]
     set_tp_group(make_device_communicator(groups[rank // tp]) if tp > 1 else None)
 
 

@@ -9,7 +9,8 @@ declares its own with :func:`declare` when its module is imported.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _csv(value: str | None) -> list[str] | None:

@@ -9,7 +9,8 @@ runs. ``kernel_table.get(name)`` is what layers and attention backends call. The
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kernelcore.contract.kernels import DIRECT, KernelEntry, KernelTable, OwnedView
 
@@ -166,4 +167,5 @@ TORCH_REFERENCE_KERNELS = {
     "gelu_tanh_and_mul": torch_gelu_tanh_and_mul,
     "fused_moe": torch_fused_moe,
 }
-"""name -> torch implementation: the CPU platform's overrides, and the reference the Triton kernels are tested against."""
+"""name -> torch implementation: the CPU platform's overrides, and the reference the Triton kernels are tested
+against."""

@@ -43,7 +43,8 @@ def detect_all() -> list[Detection]:
             detections.append(Detection(record.name, record.dist, record.is_builtin, qualname))
         except Exception as exc:
             logger.warning("Platform plugin %s (%s) failed during detection: %s", record.name, record.dist, exc)
-            detections.append(Detection(record.name, record.dist, record.is_builtin, None, f"{type(exc).__name__}: {exc}"))
+            detections.append(Detection(record.name, record.dist, record.is_builtin, None,
+                                        f"{type(exc).__name__}: {exc}"))
     return detections
 
 
@@ -54,9 +55,11 @@ def choose(detections: list[Detection]) -> tuple[Detection, str]:
         for d in detections:
             if d.name == forced:
                 if d.qualname is None:
-                    raise RuntimeError(f"KC_PLATFORM={forced}, but that platform plugin is not active ({d.error or 'its device is absent'})")
+                    raise RuntimeError(f"KC_PLATFORM={forced}, but that platform plugin is not active "
+                                       f"({d.error or 'its device is absent'})")
                 return d, f"forced by KC_PLATFORM={forced}"
-        raise RuntimeError(f"KC_PLATFORM={forced} names no loaded platform plugin; loaded: {[d.name for d in detections]}")
+        raise RuntimeError(f"KC_PLATFORM={forced} names no loaded platform plugin; "
+                           f"loaded: {[d.name for d in detections]}")
     active = [d for d in detections if d.qualname]
     oot = [d for d in active if not d.is_builtin]
     if len(oot) >= 2:
@@ -70,7 +73,8 @@ def choose(detections: list[Detection]) -> tuple[Detection, str]:
     # Several built-ins (e.g. cuda and cpu): the highest Platform.priority wins, ties by name.
     if len(active) > 1:
         active.sort(key=lambda d: (-getattr(resolve_obj_by_qualname(d.qualname or ""), "priority", 0), d.name))
-    return active[0], "built-in platform detected" + (f" (over {[d.name for d in active[1:]]})" if len(active) > 1 else "")
+    return active[0], "built-in platform detected" + (f" (over {[d.name for d in active[1:]]})"
+                                                      if len(active) > 1 else "")
 
 
 def resolve_platform() -> Platform:
@@ -79,7 +83,8 @@ def resolve_platform() -> Platform:
     winner, why = choose(detections)
     cls = resolve_obj_by_qualname(winner.qualname or "")
     if not (isinstance(cls, type) and issubclass(cls, Platform)):
-        raise TypeError(f"platform plugin {winner.name!r} returned {winner.qualname!r}, which is not a Platform subclass")
+        raise TypeError(f"platform plugin {winner.name!r} returned {winner.qualname!r}, "
+                        "which is not a Platform subclass")
     platform = cls()
     platform.plugin_name, platform.is_builtin = winner.name, winner.is_builtin
     platform.decision = {"why": why, "detections": [dataclasses.asdict(d) for d in detections]}
@@ -89,7 +94,8 @@ def resolve_platform() -> Platform:
         logger.debug("Automatically detected platform %s (%s)", winner.name, why)
     plugins.register_platform(platform, winner.name)
     plugins.trace_event(envs.KC_TRACE_PLUGINS, hook="platform_resolved", plugins=[winner.name],
-                        result=winner.qualname, why=why, duration_ms=round((time.perf_counter() - started) * 1000, 3), ok=True)
+                        result=winner.qualname, why=why, duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                        ok=True)
     return platform
 
 

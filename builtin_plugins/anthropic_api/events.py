@@ -8,13 +8,13 @@ Each event goes out as ``event: <type>`` plus ``data: <json>``, the framing the 
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncGenerator
-
-from kernelcore.entrypoints.server.streaming import sse_event
-from kernelcore.entrypoints.server.tools import new_call_id
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from builtin_plugins.anthropic_api.response import cut_calls, message_id, stop_reason, tool_use_id, usage
 from builtin_plugins.anthropic_api.translate import MessagesRequest
+from kernelcore.entrypoints.server.streaming import sse_event
+from kernelcore.entrypoints.server.tools import new_call_id
 
 
 def encode(event: dict[str, Any]) -> bytes:

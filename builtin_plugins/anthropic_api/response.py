@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kernelcore.entrypoints.server.tools import new_call_id
-
 from builtin_plugins.anthropic_api.partial_json import partial_json
 from builtin_plugins.anthropic_api.translate import MessagesRequest
+from kernelcore.entrypoints.server.tools import new_call_id
 
 
 def message_id(request_id: str) -> str:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kernelcore.entrypoints.server.errors import set_error_format
-from kernelcore.entrypoints.server.generate import start_chat
-from kernelcore.entrypoints.server.state import get_state, read_json
-from kernelcore.entrypoints.server.streaming import stream_response
-
 from builtin_plugins.anthropic_api.errors import render_error
 from builtin_plugins.anthropic_api.events import encode, message_events
 from builtin_plugins.anthropic_api.response import message, message_id
 from builtin_plugins.anthropic_api.translate import translate
+from kernelcore.entrypoints.server.errors import set_error_format
+from kernelcore.entrypoints.server.generate import start_chat
+from kernelcore.entrypoints.server.state import get_state, read_json
+from kernelcore.entrypoints.server.streaming import stream_response
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:

@@ -8,12 +8,13 @@ A sliding-window layer reads only the blocks its window reaches (the engine free
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
+from builtin_plugins.cpu.native import load_paged_decode_kernel
 from kernelcore.attention.backend import AttentionBackend, AttentionImpl
 from kernelcore.attention.metadata import AttentionMetadata
-
-from builtin_plugins.cpu.native import load_paged_decode_kernel
 
 _flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, logsumexp)
 
@@ -133,7 +134,7 @@ class CpuAttentionImpl(AttentionImpl):
     def _prefill_no_cache(self, q, k, v, metadata):
         out = torch.empty_like(q)
         starts = metadata.query_start_loc.tolist()
-        for s, e in zip(starts[:-1], starts[1:]):
+        for s, e in itertools.pairwise(starts):
             if self.sliding_window is not None:
                 out[s:e] = self._windowed(q[s:e], k[s:e], v[s:e])
             else:

@@ -15,11 +15,10 @@ import torch
 from torch import nn
 
 from builtin_plugins.cpu.gguf_native import GGUFKernel, load_gguf_kernel
-from kernelcore import envs
-from kernelcore.models.gguf_params import GGUFPart
 from builtin_plugins.cpu.linear import _PACKED_DTYPES, _scratch_like
 from builtin_plugins.quantization.gguf import GGUFBlocksMethod
-
+from kernelcore import envs
+from kernelcore.models.gguf_params import GGUFPart
 
 DEQUANT_TILE_BYTES = 1 << 20  # rows dequantized per GEMM: an L2-sized tile, written and read back from cache
 

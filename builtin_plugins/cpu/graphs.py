@@ -18,19 +18,21 @@ keep their own bounds checks (block tables, slots, positions) at replay.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+# NativeCall, PackedRun and pack_words are also re-exported under the names they had here before they moved
+# down to launch.py.
+from builtin_plugins.cpu.launch import NativeCall as _NativeCall  # noqa: F401
+from builtin_plugins.cpu.launch import PackedRun as _PackedRun  # noqa: F401
 from builtin_plugins.cpu.launch import pack_runs, recording
+from builtin_plugins.cpu.launch import pack_words as _words  # noqa: F401
 from builtin_plugins.cpu.pointwise import load_pointwise_kernels
 from kernelcore import envs
 from kernelcore.executor.graph_runner import GraphCaptureBackend
-
-# The recorded-launch types under the names they had here before they moved down to launch.py.
-from builtin_plugins.cpu.launch import NativeCall as _NativeCall, PackedRun as _PackedRun  # noqa: F401
-from builtin_plugins.cpu.launch import pack_words as _words  # noqa: F401
 
 logger = logging.getLogger("kernelcore.cpu")
 
@@ -64,7 +66,7 @@ class _TorchCall:
     def __call__(self) -> None:
         result = self.func(*self.args, **self.kwargs)
         outs, results = (self.out, result) if isinstance(self.out, (tuple, list)) else ((self.out,), (result,))
-        for out, new in zip(outs, results):
+        for out, new in zip(outs, results, strict=False):
             if isinstance(out, torch.Tensor) and new is not out:  # in-place ops return their argument
                 if new.shape != out.shape:
                     raise RuntimeError(f"{self.func} changed shape at replay: {tuple(out.shape)} -> {tuple(new.shape)}")

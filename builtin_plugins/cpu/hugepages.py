@@ -61,7 +61,7 @@ def move_weights_to_huge_pages(model: nn.Module, min_total_bytes: int = 16 * HUG
     raw = torch.frombuffer(arena, dtype=torch.uint8)
     raw = raw[-raw.data_ptr() % HUGE_PAGE:]
     with torch.no_grad():
-        for tensor, offset in zip(tensors, offsets):
+        for tensor, offset in zip(tensors, offsets, strict=True):
             moved = raw[offset:offset + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
             moved.copy_(tensor)
             tensor.data = moved

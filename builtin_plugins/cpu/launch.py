@@ -15,7 +15,8 @@ import contextlib
 import ctypes
 import itertools
 import struct
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 _tape: list[Callable[[], None]] | None = None  # the tape being recorded, if any
 
@@ -56,7 +57,7 @@ class NativeCall:
         # 1.4 us for a 12-argument kernel, a hundred such calls per decode step).
         argtypes = getattr(fn, "argtypes", None)
         if argtypes and len(argtypes) == len(args):
-            args = tuple(a if a is None or isinstance(a, t) else t(a) for t, a in zip(argtypes, args))
+            args = tuple(a if a is None or isinstance(a, t) else t(a) for t, a in zip(argtypes, args, strict=True))
         self.fn, self.args = fn, args
         self.words = pack_words(argtypes, args) if getattr(fn, "packed_address", None) else None
 
@@ -73,7 +74,7 @@ class NativeCall:
 def pack_words(argtypes, args: tuple) -> list[int] | None:
     """A launch's arguments as packed_call.h's 64-bit words, or None where one is not a plain C value."""
     words = []
-    for ctype, arg in zip(argtypes, args):
+    for ctype, arg in zip(argtypes, args, strict=False):
         value = arg.value if isinstance(arg, ctypes._SimpleCData) else arg
         if ctype is ctypes.c_float:
             words.append(struct.unpack("<I", struct.pack("<f", value))[0])

@@ -21,9 +21,10 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -194,7 +195,8 @@ def _identity(groups: dict[tuple, _Group], counts: list[int]) -> str:
     """What the measurements depend on: the machine, the threads, torch, the native kernels, the layers."""
     kernel = [path.read_text() for path in source_files(small_gemm.SOURCE)]  # the source and its headers
     parts = [cpu_id(), torch.__version__, str(torch.get_num_threads()), *kernel, repr(counts), repr(SAMPLE_BYTES)]
-    parts += [repr((key, str(g.candidates.dtype), len(g.layers), sorted(g.candidates.impls))) for key, g in groups.items()]
+    parts += [repr((key, str(g.candidates.dtype), len(g.layers), sorted(g.candidates.impls)))
+              for key, g in groups.items()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

@@ -126,8 +126,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if kernels is None or not _rows(x2) or x.shape[-1] % 2:
         return F.silu(x[..., :d]).mul_(x[..., d:])
     out = torch.empty(x2.shape[0], d, dtype=x.dtype)
-    _check(launch(kernels.silu_and_mul, DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), out.data_ptr(), out.stride(0),
-                                x2.shape[0], d, CURRENT_THREADS), "silu_and_mul")
+    _check(launch(kernels.silu_and_mul, DTYPE_CODES[x.dtype], x2.data_ptr(), x2.stride(0), out.data_ptr(),
+                  out.stride(0), x2.shape[0], d, CURRENT_THREADS), "silu_and_mul")
     return out.view(*x.shape[:-1], d)
 
 

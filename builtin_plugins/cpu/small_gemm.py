@@ -52,7 +52,8 @@ class SmallGemmKernel:
         self.max_rows_by_dtype: dict[tuple[torch.dtype, torch.dtype], int] = {}
         for act in ACT_CODES:
             low = PAIR_DOT_ROWS if self.pair_dot and act == torch.bfloat16 else LOW_PRECISION_ROWS
-            self.max_rows_by_dtype.update({(torch.float32, act): rows, (torch.bfloat16, act): rows and max(rows, low[0]),
+            self.max_rows_by_dtype.update({(torch.float32, act): rows,
+                                           (torch.bfloat16, act): rows and max(rows, low[0]),
                                            (torch.int8, act): rows and max(rows, low[1])})
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
@@ -95,8 +96,8 @@ class SmallGemmKernel:
             x2 = x2.contiguous()
         w_code, x_code, w_ptr, s_ptr, b_ptr, num_out = args
         y = torch.empty(rows, num_out, dtype=x.dtype)
-        if launch(self._fn, w_code, x_code, x2.data_ptr(), x2.stride(0), w_ptr, s_ptr, b_ptr, y.data_ptr(), num_out, rows,
-                  num_out, num_in, CURRENT_THREADS,
+        if launch(self._fn, w_code, x_code, x2.data_ptr(), x2.stride(0), w_ptr, s_ptr, b_ptr, y.data_ptr(), num_out,
+                  rows, num_out, num_in, CURRENT_THREADS,
                   int(float_lanes) | int(far_prefetch) << 1 | int(single_stream) << 2) != 0:
             raise ValueError("small gemm: the kernel refused the shapes")
         return y.view(*x.shape[:-1], num_out)

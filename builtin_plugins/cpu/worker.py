@@ -43,7 +43,8 @@ class CpuWorker(WorkerBase):
         super().init_device()
         num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         parallel = self.config.parallel
-        ranks_here = parallel.world_size * len(parallel.data_parallel_local_ranks) // parallel.nnodes  # sharing the cores
+        # The ranks sharing this host's cores.
+        ranks_here = parallel.world_size * len(parallel.data_parallel_local_ranks) // parallel.nnodes
         torch.set_num_threads(parallel.num_threads or max(1, num_cores // ranks_here))
         # One worker process on the host: its threads follow the cores other programs leave free. (Several
         # ranks or replicas here would count each other as the load.)

@@ -7,7 +7,7 @@ torch creates its handles outside the capture.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -10,16 +10,16 @@ import os
 import socket
 import threading
 import time
-from typing import Union, cast
+from typing import cast
 
 import msgspec
 
 from kernelcore import envs
-from kernelcore.contract.config import KernelConfig
 from kernelcore.config_fingerprint import fingerprint, mismatches
+from kernelcore.contract.config import KernelConfig
 from kernelcore.hostproc import ProcessStartError
-from kernelcore.hostproc.ipc import Channel
 from kernelcore.hostproc.accept import AuthenticatedListener
+from kernelcore.hostproc.ipc import Channel
 from kernelcore.hostproc.tcp import connect_authenticated, interface_of, listen
 
 logger = logging.getLogger("kernelcore.cluster")
@@ -45,7 +45,7 @@ class NodeReject(msgspec.Struct, tag="reject"):
     error: str
 
 
-NodeMessage = Union[Heartbeat, NodeShutdown, NodeAccept, NodeReject]
+NodeMessage = Heartbeat | NodeShutdown | NodeAccept | NodeReject
 
 
 def exchange_heartbeats(channel: Channel, stop: threading.Event, send_lock: threading.Lock) -> str:

@@ -11,12 +11,11 @@ import logging
 import threading
 from typing import cast
 
+from builtin_plugins.executors.cluster import NodeMessage, NodeReject, exchange_heartbeats, fingerprint
 from kernelcore import envs, hostproc
 from kernelcore.contract.config import KernelConfig
 from kernelcore.hostproc.ipc import Channel
 from kernelcore.hostproc.tcp import HANDSHAKE_TIMEOUT, connect_authenticated
-
-from builtin_plugins.executors.cluster import NodeMessage, NodeReject, exchange_heartbeats, fingerprint
 
 logger = logging.getLogger("kernelcore.cluster")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Union, cast
+from typing import cast
 
 import msgspec
 
@@ -47,7 +47,7 @@ class LoraCall(msgspec.Struct, tag="lora"):
     path: str | None = None  # None removes the adapter; each rank reads the directory itself
 
 
-WorkerRequest = Union[Call, Execute, LoraCall]
+WorkerRequest = Call | Execute | LoraCall
 
 
 class MultiprocExecutor(ExecutorBase):
@@ -74,7 +74,8 @@ class MultiprocExecutor(ExecutorBase):
                 path = os.path.join(self.socket_dir, f"worker-{rank}.sock")
                 listeners.append(Listener(path))
                 self.workers.append(hostproc.spawn("builtin_plugins.executors.multiproc.worker_main",
-                                                   role=f"worker-{rank}", args=(config.for_rank(rank), rank, init_method, path)))
+                                                   role=f"worker-{rank}",
+                                                   args=(config.for_rank(rank), rank, init_method, path)))
             if self.cluster is not None:
                 self.cluster.wait_for_nodes(envs.KC_READY_TIMEOUT)
             for worker in self.workers:

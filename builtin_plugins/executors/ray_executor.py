@@ -13,11 +13,10 @@ import logging
 
 import msgspec
 
+from builtin_plugins.executors.multiproc import Call, Execute, LoraCall, Reply, WorkerRequest
 from kernelcore import envs
 from kernelcore.contract.config import KernelConfig
 from kernelcore.executor.base import ExecutorBase, WorkerDiedError
-
-from builtin_plugins.executors.multiproc import Call, Execute, LoraCall, Reply, WorkerRequest
 
 logger = logging.getLogger("kernelcore.executor")
 

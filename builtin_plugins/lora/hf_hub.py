@@ -33,7 +33,8 @@ class HFHubResolver:
         try:
             root = await asyncio.wait_for(asyncio.to_thread(self._download, repo_id, subdir), self.timeout)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"downloading {repo_id!r} from the Hugging Face Hub took over {self.timeout:.0f}s") from None
+            raise TimeoutError(f"downloading {repo_id!r} from the Hugging Face Hub took over "
+                               f"{self.timeout:.0f}s") from None
         path = confine(root, subdir or ".")
         if not os.path.isfile(os.path.join(path, "adapter_config.json")):
             raise LoRAPathError(f"{lora_name!r} on the Hub has no adapter_config.json")

@@ -3,14 +3,14 @@ interleaved sliding-window and global layers each with their own rope base and s
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from builtin_plugins.models.llama import head_dim_of, layer_sliding_window, rope_config
-from kernelcore.contract.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
+from kernelcore.contract.config import KernelConfig
 from kernelcore.layers.activation import GeluAndMul
 from kernelcore.layers.attention import Attention
 from kernelcore.layers.embedding import ParallelLMHead, VocabParallelEmbedding

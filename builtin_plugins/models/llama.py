@@ -6,13 +6,14 @@ subclass changes a class attribute (bias, q/k norm, the layer or MLP class) inst
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, cast
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from kernelcore.contract.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
+from kernelcore.contract.config import KernelConfig
 from kernelcore.layers.activation import SiluAndMul
 from kernelcore.layers.attention import Attention
 from kernelcore.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -40,9 +41,10 @@ def rope_config(hf_config, params: dict | None = None) -> tuple[float, dict[str,
         scaling = {**scaling, "original_max_position_embeddings": native}
     if scaling is not None and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su") \
             and scaling.get("attention_factor") is None:
-        factor = scaling.get("factor") or hf_config.max_position_embeddings / scaling["original_max_position_embeddings"]
         native = scaling["original_max_position_embeddings"]
-        scaling = {**scaling, "attention_factor": 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(native))}
+        factor = scaling.get("factor") or hf_config.max_position_embeddings / native
+        scaling = {**scaling,
+                   "attention_factor": 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(native))}
     return theta, scaling
 
 

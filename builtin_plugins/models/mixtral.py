@@ -5,7 +5,7 @@ renormalised over the chosen ones. The experts run as the FusedMoE op, as Qwen3-
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

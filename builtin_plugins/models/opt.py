@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterable, cast
+from collections.abc import Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernelcore.contract.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
+from kernelcore.contract.config import KernelConfig
 from kernelcore.distributed import get_tp_group
 from kernelcore.layers.attention import Attention
 from kernelcore.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -18,7 +19,8 @@ from kernelcore.layers.norm import LayerNorm
 from kernelcore.models.loader import load_params
 from kernelcore.pipeline import PPMissingLayer, get_pp_group, make_layers
 
-ACTIVATIONS = {"relu": lambda x: F.relu(x, inplace=True), "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {"relu": lambda x: F.relu(x, inplace=True), "gelu": F.gelu,
+               "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class OPTAttention(nn.Module):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -16,7 +16,8 @@ class Phi3Model(LlamaModel):
         theta, scaling = rope_config(hf_config)
         params = getattr(hf_config, "rope_parameters", None) or {}
         head_dim = head_dim_of(hf_config)
-        rotary_dim = int(head_dim * params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)))
+        rotary_dim = int(head_dim * params.get("partial_rotary_factor",
+                                               getattr(hf_config, "partial_rotary_factor", 1.0)))
         # LongRoPE picks its factors by the served length: the cache covers max_model_len positions.
         max_position = max(get_current_config().model.max_model_len or 0, 1)
         if scaling is None:
@@ -37,10 +38,11 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         kv_size = (getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads) * head_dim
         for name, tensor in weights:
             if ".qkv_proj." in name:
-                for part, piece in zip(("q_proj", "k_proj", "v_proj"), tensor.split([q_size, kv_size, kv_size])):
+                pieces = tensor.split([q_size, kv_size, kv_size])
+                for part, piece in zip(("q_proj", "k_proj", "v_proj"), pieces, strict=True):
                     yield name.replace(".qkv_proj.", f".{part}."), piece
             elif ".gate_up_proj." in name:
-                for part, piece in zip(("gate_proj", "up_proj"), tensor.chunk(2)):
+                for part, piece in zip(("gate_proj", "up_proj"), tensor.chunk(2), strict=True):
                     yield name.replace(".gate_up_proj.", f".{part}."), piece
             else:
                 yield name, tensor

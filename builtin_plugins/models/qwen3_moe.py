@@ -4,7 +4,7 @@ SwiGLU experts (the FusedMoE op); the checkpoint's norm_topk_prob decides whethe
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -80,8 +80,8 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
                 loader(params[param_name], tensor, int(match["expert"]), EXPERT_SHARD[proj])
                 expert_params.add(param_name)
 
-        loaded = load_params(self, dense(self.checkpoint_weights(weights)), self.stacked_params_mapping, self.rename_weight,
-                             loaded_elsewhere=expert_params)
+        loaded = load_params(self, dense(self.checkpoint_weights(weights)), self.stacked_params_mapping,
+                             self.rename_weight, loaded_elsewhere=expert_params)
         partial = [n for n, m in self.named_modules() if isinstance(m, FusedMoE) and not m.is_fully_loaded]
         if partial:
             raise ValueError(f"checkpoint does not provide every expert's gate/up/down weights for {partial[:4]}")

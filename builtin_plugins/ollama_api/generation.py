@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from aiohttp import web
-
-from kernelcore.entrypoints.server.errors import APIError
-from kernelcore.entrypoints.server.generate import ChatRun, ChoiceDelta, start_chat, start_completion
-from kernelcore.entrypoints.server.state import get_state
-from kernelcore.entrypoints.server.streaming import engine_error, ndjson_line, stream_response
 
 from builtin_plugins.ollama_api import translate
 from builtin_plugins.ollama_api.protocol import now, read_body, render_error, requested_model, resolve_name
 from builtin_plugins.ollama_api.translate import bad_request
+from kernelcore.entrypoints.server.errors import APIError
+from kernelcore.entrypoints.server.generate import ChatRun, ChoiceDelta, start_chat, start_completion
+from kernelcore.entrypoints.server.state import get_state
+from kernelcore.entrypoints.server.streaming import engine_error, ndjson_line, stream_response
 
 NDJSON = "application/x-ndjson"
 Shape = Callable[[str, str, list[dict[str, Any]]], dict[str, Any]]  # (content, thinking, calls) -> answer fields

@@ -28,7 +28,8 @@ GGUF_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0
                    32: "BF16", 36: "TQ1_0", 37: "TQ2_0"}
 TORCH_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 HF_INFO_KEYS = {  # transformers config attribute -> Ollama's model_info key (after "<arch>.")
-    "hidden_size": "embedding_length", "num_hidden_layers": "block_count", "num_attention_heads": "attention.head_count",
+    "hidden_size": "embedding_length", "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
     "num_key_value_heads": "attention.head_count_kv", "intermediate_size": "feed_forward_length",
     "rms_norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base", "vocab_size": "vocab_size",
 }

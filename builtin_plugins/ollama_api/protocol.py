@@ -11,12 +11,11 @@ from typing import Any
 
 from aiohttp import web
 
+from builtin_plugins.ollama_api.translate import bad_request
 from kernelcore.entrypoints.server.errors import APIError
 from kernelcore.entrypoints.server.jsonbody import decode_json
 from kernelcore.entrypoints.server.state import ServerState
 from kernelcore.entrypoints.server.state import read_body as raw_body
-
-from builtin_plugins.ollama_api.translate import bad_request
 
 
 def render_error(error: APIError) -> dict[str, Any]:

@@ -11,13 +11,12 @@ from datetime import datetime, timedelta, timezone
 
 from aiohttp import web
 
-from kernelcore.entrypoints.server.errors import APIError, set_error_format
-from kernelcore.entrypoints.server.state import ServerState, get_state
-
 from builtin_plugins.ollama_api.generation import chat, generate
 from builtin_plugins.ollama_api.model_info import ModelFacts, model_facts
 from builtin_plugins.ollama_api.protocol import read_body, render_error, requested_model, resolve_name, tagged
 from builtin_plugins.ollama_api.translate import not_found
+from kernelcore.entrypoints.server.errors import APIError, set_error_format
+from kernelcore.entrypoints.server.state import ServerState, get_state
 
 # The Ollama release this API matches: clients gate features on it (tools 0.3, structured outputs 0.5,
 # thinking 0.9), so it is a real release that has them all.

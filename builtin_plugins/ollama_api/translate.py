@@ -38,7 +38,8 @@ def not_found(model: str) -> APIError:
 
 
 def sampling_fields(options: Any) -> dict[str, Any]:
-    """``options`` -> sampling fields of the OpenAI body; ``num_predict`` -1 (or absent) is until the context is full."""
+    """``options`` -> sampling fields of the OpenAI body; ``num_predict`` -1 (or absent) is until the context is
+    full."""
     if options is None:
         return {}
     if not isinstance(options, dict):

@@ -9,7 +9,7 @@ and adds need to line up). Only vectorised torch ops, so it runs on any device t
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import gguf
 import torch

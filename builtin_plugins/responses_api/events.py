@@ -10,12 +10,12 @@ the answer), carrying the same output items. Every event has the next ``sequence
 
 from __future__ import annotations
 
-from typing import Any, AsyncGenerator
-
-from kernelcore.entrypoints.server.errors import APIError
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from builtin_plugins.responses_api.items import call_item, message_item, reasoning_item
 from builtin_plugins.responses_api.translate import ResponseBuilder, count_tokens, usage
+from kernelcore.entrypoints.server.errors import APIError
 
 
 class ResponseEvents:

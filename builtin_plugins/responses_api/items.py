@@ -109,7 +109,7 @@ def to_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[d
     (chat templates know the latter); consecutive function calls are one assistant turn with ``tool_calls``."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     call_ids: set[str] = set()
-    for i, item in enumerate(items):
+    for item in items:
         kind = item["type"]
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelcore.entrypoints.server.errors import APIError, bad_request
-
 from builtin_plugins.responses_api.items import normalize_input
+from kernelcore.entrypoints.server.errors import APIError, bad_request
 
 # Sampling fields the chat path reads under the same name: the Responses API's own two, and the extensions
 # vLLM also accepts on /v1/responses.
@@ -132,7 +131,8 @@ def _parse_tools(tools: list[Any]) -> list[dict[str, Any]]:
         if not isinstance(name, str) or not name:
             raise bad_request(f"`{param}.name` must be a non-empty string", f"{param}.name")
         parameters = tool.get("parameters")
-        if parameters is not None and (not isinstance(parameters, dict) or parameters.get("type", "object") != "object"):
+        if parameters is not None and (not isinstance(parameters, dict)
+                                       or parameters.get("type", "object") != "object"):
             raise bad_request(f"`{param}.parameters` must be a JSON Schema of type object", f"{param}.parameters")
         description = tool.get("description")
         if description is not None and not isinstance(description, str):

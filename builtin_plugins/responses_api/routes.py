@@ -9,16 +9,15 @@ from typing import Any
 
 from aiohttp import web
 
-from kernelcore.entrypoints.server.errors import APIError, bad_request
-from kernelcore.entrypoints.server.generate import ChatRun, start_chat
-from kernelcore.entrypoints.server.state import read_json
-from kernelcore.entrypoints.server.streaming import engine_error, sse_event, stream_response
-
 from builtin_plugins.responses_api.events import ResponseEvents
 from builtin_plugins.responses_api.items import output_items
 from builtin_plugins.responses_api.protocol import ResponsesRequest, parse_request, renamed
 from builtin_plugins.responses_api.store import MAX_STORED, ResponseStore, StoredResponse
 from builtin_plugins.responses_api.translate import FINAL, ResponseBuilder, chat_body, count_tokens, usage
+from kernelcore.entrypoints.server.errors import APIError, bad_request
+from kernelcore.entrypoints.server.generate import ChatRun, start_chat
+from kernelcore.entrypoints.server.state import read_json
+from kernelcore.entrypoints.server.streaming import engine_error, sse_event, stream_response
 
 logger = logging.getLogger("kernelcore.server")
 STORE = web.AppKey("kc_responses_store", ResponseStore)

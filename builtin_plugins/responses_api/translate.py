@@ -10,10 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kernelcore.entrypoints.server.errors import APIError
-
 from builtin_plugins.responses_api.items import new_id, to_messages
 from builtin_plugins.responses_api.protocol import ResponsesRequest
+from kernelcore.entrypoints.server.errors import APIError
 
 FINAL = ("completed", "incomplete", "failed", "cancelled")
 
@@ -92,7 +91,8 @@ class ResponseBuilder:
             "prompt_cache_key": req.informational.get("prompt_cache_key"),
         }
 
-    def finished(self, output: list[dict[str, Any]], usage: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    def finished(self, output: list[dict[str, Any]], usage: dict[str, Any],
+                 finish_reason: str | None) -> dict[str, Any]:
         is_cut = finish_reason == "length"
         return self.snapshot("incomplete" if is_cut else "completed", output, usage, is_cut=is_cut)
 

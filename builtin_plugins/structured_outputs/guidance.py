@@ -11,8 +11,8 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
-from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
 from kernelcore.contract.structured_output_params import MAX_JSON_WHITESPACE, StructuredOutputsParams
+from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -70,7 +70,8 @@ class GuidanceBackend(StructuredOutputBackend):
                 raise ValueError(f"invalid regex: {exc}") from None
             return llguidance.LLMatcher.grammar_from_regex(params.text("regex"))
         if kind == "choice":
-            return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_string(c) for c in params.choices))
+            choices = " | ".join(_lark_string(c) for c in params.choices)
+            return llguidance.LLMatcher.grammar_from_lark("start: " + choices)
         return llguidance.LLMatcher.grammar_from_lark(params.text("grammar"))
 
     def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:

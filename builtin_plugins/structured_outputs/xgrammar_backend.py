@@ -8,8 +8,8 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
 from kernelcore.contract.structured_output_params import MAX_JSON_WHITESPACE, StructuredOutputsParams
+from kernelcore.structured_output.backend import GrammarMatcher, StructuredOutputBackend
 
 
 class XGrammarMatcher(GrammarMatcher):

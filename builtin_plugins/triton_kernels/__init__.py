@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Callable
+from collections.abc import Callable
 
 from kernelcore import hookimpl
 

@@ -61,7 +61,7 @@ def _paged_attention_kernel(
     q_pos = context_len + q_idx
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
+    row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED], tl.float32)
     qk_scale = scale * 1.4426950408889634  # softmax in base 2
     num_keys = tl.minimum(context_len + (tile_in_seq + 1) * BLOCK_Q, seq_len)  # the tile's last row sees these
@@ -84,12 +84,12 @@ def _paged_attention_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m - m_safe)
-        l = l * alpha + tl.sum(p, axis=1)
+        row_sum = row_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + (block * stride_v_block + slot * stride_v_slot + kv_head * stride_v_head)[:, None]
                     + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    out = acc / tl.where(l > 0.0, l, 1.0)[:, None]
+    out = acc / tl.where(row_sum > 0.0, row_sum, 1.0)[:, None]
     tl.store(out_ptr + (q_start + q_idx)[:, None] * stride_o_tok + head[:, None] * stride_o_head + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=q_mask)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 logger = logging.getLogger("kernelcore.conformance")
 

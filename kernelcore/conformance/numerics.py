@@ -16,10 +16,10 @@ HEAD_SHAPES = [(4, 4, 32), (4, 2, 64)]  # (heads, kv heads, head size): MHA, the
 def _metadata(starts: list[int], lens: list[int], tables: list[list[int]], block_size: int):
     from kernelcore.attention import AttentionMetadata
 
-    seq_lens = [s + n for s, n in zip(starts, lens)]
-    positions = [p for s, n in zip(starts, lens) for p in range(s, s + n)]
+    seq_lens = [s + n for s, n in zip(starts, lens, strict=True)]
+    positions = [p for s, n in zip(starts, lens, strict=True) for p in range(s, s + n)]
     owners = [i for i, n in enumerate(lens) for _ in range(n)]
-    slots = [tables[i][p // block_size] * block_size + p % block_size for i, p in zip(owners, positions)]
+    slots = [tables[i][p // block_size] * block_size + p % block_size for i, p in zip(owners, positions, strict=True)]
     width = max(len(t) for t in tables)
     loc = [0]
     for n in lens:
@@ -59,16 +59,16 @@ def check_attention_backend(backend_cls: Any, block_size: int, dtype: torch.dtyp
         for step in range(3):
             lens = [steps[step] for _, steps in SEQUENCES]
             md = _metadata(starts, lens, tables, block_size)
-            q, k, v = (torch.cat([full[i][j][s:s + n] for i, (s, n) in enumerate(zip(starts, lens))])
+            q, k, v = (torch.cat([full[i][j][s:s + n] for i, (s, n) in enumerate(zip(starts, lens, strict=True))])
                        for j in range(3))
             out = impl.forward(q, k, v, kv_cache, md).float()
-            expected = torch.cat([refs[i][s:s + n] for i, (s, n) in enumerate(zip(starts, lens))])
+            expected = torch.cat([refs[i][s:s + n] for i, (s, n) in enumerate(zip(starts, lens, strict=True))])
             diff = (out - expected).abs().max().item()
             if not diff <= atol:
                 kind = ["prefill", "ragged decode + chunk", "decode"][step]
                 raise AssertionError(f"{backend_cls.__name__}: heads={heads} kv_heads={kv_heads} head_size={d}, "
                                      f"{kind} step: max |out - reference| = {diff:.3g} > {atol}")
-            starts = [s + n for s, n in zip(starts, lens)]
+            starts = [s + n for s, n in zip(starts, lens, strict=True)]
     return f"{backend_cls.__name__} matches reference attention (MHA, GQA; prefill, ragged, decode)"
 
 
@@ -117,7 +117,7 @@ def check_op_replacements() -> list[str]:
             raise AssertionError(f"constructing {key} gave {type(op).__name__}, not {replacement.__name__}")
         for args in inputs:
             got, want = _flat(op(*_clone(args))), _flat(op.forward_native(*_clone(args)))
-            for a, b in zip(got, want):
+            for a, b in zip(got, want, strict=False):
                 if not torch.allclose(a.float(), b.float(), atol=1e-5, rtol=1e-4):
                     raise AssertionError(f"{replacement.__name__} ({op.forward_method_name}) differs from "
                                          f"{key}.forward_native by {(a.float() - b.float()).abs().max().item():.3g}")

@@ -27,7 +27,8 @@ bumps the major version. A deprecated hook or name keeps working for one minor v
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 CONTRACT_VERSION: tuple[int, int] = (1, 1)
 

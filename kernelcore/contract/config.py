@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
-
+from typing import Any
 
 
 @dataclass
@@ -139,7 +139,7 @@ class KernelConfig:
         """Whether the user chose ``name`` (e.g. ``"cache.block_size"``): a platform defaults only the others."""
         return name in self.user_set
 
-    def for_rank(self, rank: int) -> "KernelConfig":
+    def for_rank(self, rank: int) -> KernelConfig:
         return dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, rank=rank))
 
 

@@ -20,7 +20,9 @@ it runs last and has the last word.
 """
 
 # The hooks are written in two modules, by kind, and gathered here in contract order: pluggy finds them as this
-# module's attributes (``pm.add_hookspecs(hookspecs)``) and docs/hooks.md follows the order of its namespace.
+# module's attributes (``pm.add_hookspecs(hookspecs)``) and docs/hooks.md follows the order of its namespace,
+# so the import order is the contract order: not sorted.
+# isort: off
 from kernelcore.contract.markers import hookimpl, hookspec
 from kernelcore.contract.platform_hooks import (detect_platform, pre_register_and_update,
                                                 apply_config_platform_defaults, check_and_update_config,
@@ -33,6 +35,7 @@ from kernelcore.contract.general_hooks import (register_ops, register_models, re
                                                register_executor_backends, register_structured_output_backends,
                                                register_tool_parsers, register_reasoning_parsers,
                                                register_speculative_proposers)
+# isort: on
 
 __all__ = ["hookspec", "hookimpl", "detect_platform", "pre_register_and_update", "apply_config_platform_defaults",
            "check_and_update_config", "validate_environ", "update_block_size_for_backend", "get_attn_backend_cls",

@@ -6,8 +6,9 @@ live in :mod:`kernelcore.kernels`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -43,7 +44,7 @@ class KernelTable:
     def __init__(self) -> None:
         self._entries: dict[str, KernelEntry] = {}
 
-    def owned_by(self, owner: str) -> "KernelTable":
+    def owned_by(self, owner: str) -> KernelTable:
         return OwnedView(self, owner)  # type: ignore[return-value]
 
     def register(self, name: str, fn: Callable, owner: str = DIRECT) -> None:

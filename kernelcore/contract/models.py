@@ -21,7 +21,7 @@ class ModelInfo:
     supports_tensor_parallel: bool
 
     @classmethod
-    def inspect(cls, architecture: str, model_cls: type) -> "ModelInfo":
+    def inspect(cls, architecture: str, model_cls: type) -> ModelInfo:
         return cls(
             architecture=architecture,
             is_text_generation=callable(getattr(model_cls, "compute_logits", None)),
@@ -35,7 +35,7 @@ class _Entry:
         self.architecture, self.target, self.owner = architecture, target, owner
         self.is_lazy = isinstance(target, str)
         if not self.is_lazy:
-            self.info  # the class form is inspected now
+            _ = self.info  # the class form is inspected now
 
     @cached_property
     def model_cls(self) -> type:
@@ -56,7 +56,7 @@ class ModelRegistry:
         self._entries: dict[str, _Entry] = {}
         self.overridden: list[tuple[str, str, str]] = []  # (arch, previous owner, new owner)
 
-    def owned_by(self, owner: str) -> "ModelRegistry":
+    def owned_by(self, owner: str) -> ModelRegistry:
         return OwnedView(self, owner)  # type: ignore[return-value]
 
     def register_model(self, architecture: str, model_cls: type | str, owner: str = "<direct call>") -> None:

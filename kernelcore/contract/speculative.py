@@ -10,9 +10,9 @@ output is the plain decoding output whatever the proposer says.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from kernelcore.contract.targets import resolve_target
 
@@ -38,7 +38,7 @@ class Proposer(abc.ABC):
         A list longer than its ``num_tokens`` is cut; ids outside the vocabulary are dropped with what follows.
         """
 
-    def remove(self, request_id: str) -> None:
+    def remove(self, request_id: str) -> None:  # noqa: B027 (optional: a no-op unless overridden)
         """Forget a finished request's state (proposers that keep some override it)."""
 
 

@@ -11,8 +11,9 @@ layout llguidance and xgrammar share.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -98,5 +99,6 @@ class StructuredOutputBackendRegistry:
 
     def factory(self, name: str) -> Callable[[Any, int], StructuredOutputBackend]:
         if name not in self._entries:
-            raise ValueError(f"unknown structured-output backend {name!r}; installed: {', '.join(self.names()) or 'none'}")
+            raise ValueError(f"unknown structured-output backend {name!r}; "
+                             f"installed: {', '.join(self.names()) or 'none'}")
         return resolve_target(self._entries[name].factory)

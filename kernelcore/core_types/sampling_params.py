@@ -54,8 +54,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             (self.top_k >= -1, f"top_k must be -1 (disable), or at least 1, got {self.top_k}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
             (-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
-            (-2.0 <= self.frequency_penalty <= 2.0, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
-            (self.repetition_penalty > 0.0, f"repetition_penalty must be greater than zero, got {self.repetition_penalty}"),
+            (-2.0 <= self.frequency_penalty <= 2.0,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.repetition_penalty > 0.0,
+             f"repetition_penalty must be greater than zero, got {self.repetition_penalty}"),
             (self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
             (self.min_tokens >= 0, f"min_tokens must be greater than or equal to 0, got {self.min_tokens}"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens,
@@ -90,5 +92,5 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             return 0
         return max(len(s) for s in self.stop) - 1
 
-    def clone(self, **changes) -> "SamplingParams":
+    def clone(self, **changes) -> SamplingParams:
         return msgspec.structs.replace(self, **changes)

@@ -9,22 +9,33 @@ per-request timings measured here.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING
 
 from kernelcore.contract.config import KernelConfig
+from kernelcore.contract.stat_logger import StatLoggerBase
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.core_client import EngineDeadError, RequestError
+from kernelcore.engine.core_proc import (
+    AbortRequests,
+    AddLora,
+    AddRequests,
+    CoreDead,
+    CoreOutputs,
+    CoreRequestErrors,
+    LoraAdded,
+    RemoveLora,
+    ShutdownCore,
+)
 from kernelcore.engine.dp_failover import ReplicaFailover
-from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
-                                         LoraAdded, RemoveLora, ShutdownCore)
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
-from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
 from kernelcore.hostproc.ipc import AsyncChannel, remove_private_dir
-from kernelcore.contract.stat_logger import StatLoggerBase
 from kernelcore.metrics.request_stats import FinishedRequestStats
 from kernelcore.metrics.stats import EngineStats
 
@@ -76,7 +87,7 @@ class AsyncLLM(ReplicaFailover):
         self._private_dirs: list[str] = []
 
     @classmethod
-    async def create(cls, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> "AsyncLLM":
+    async def create(cls, config: KernelConfig, stat_loggers: list[StatLoggerBase] | None = None) -> AsyncLLM:
         from kernelcore.engine.dp_router import DPRouter, start_replicas
 
         self = cls(config, stat_loggers)
@@ -290,7 +301,7 @@ class AsyncLLM(ReplicaFailover):
             num_generation_tokens=tracked.num_generation_tokens, max_tokens=tracked.params.max_tokens,
             n=tracked.params.n, e2e_latency=now - tracked.arrival, time_to_first_token=ttft, prefill_time=ttft,
             decode_time=(times[-1] - times[0]) if times else 0.0,
-            inter_token_latencies=[b - a for a, b in zip(times, times[1:])])
+            inter_token_latencies=[b - a for a, b in itertools.pairwise(times)])
         for stat_logger in self.stat_loggers:
             try:
                 stat_logger.record_finished(stats)
@@ -306,7 +317,7 @@ class AsyncLLM(ReplicaFailover):
         for answer in self._lora_answers.values():
             if not answer.done():
                 answer.set_exception(EngineDeadError(str(error)))
-        for request_id, tracked in list(self.tracked.items()):
+        for tracked in list(self.tracked.values()):
             tracked.queue.put_nowait(EngineDeadError(str(error)))
         self.tracked.clear()
 

@@ -12,8 +12,17 @@ from collections import deque
 
 from kernelcore import envs, hostproc
 from kernelcore.contract.config import KernelConfig
-from kernelcore.engine.core_proc import (AbortRequests, AddLora, AddRequests, CoreDead, CoreOutputs, CoreRequestErrors,
-                                         FromCore, LoraAdded, ShutdownCore)
+from kernelcore.engine.core_proc import (
+    AbortRequests,
+    AddLora,
+    AddRequests,
+    CoreDead,
+    CoreOutputs,
+    CoreRequestErrors,
+    FromCore,
+    LoraAdded,
+    ShutdownCore,
+)
 from kernelcore.engine.outputs import EngineCoreOutputs
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.engine.scheduler import RequestRejected
@@ -29,7 +38,8 @@ class RequestError(RuntimeError):
 
 
 def start_engine_core(config: KernelConfig) -> tuple[hostproc.HostProcess, Listener, dict]:
-    """Spawn ``engine-core`` and wait for its ready report; returns (process, listener with its connection pending, info)."""
+    """Spawn ``engine-core`` and wait for its ready report; returns (process, listener with its connection
+    pending, info)."""
     listener = Listener(os.path.join(private_socket_dir(), "engine-core.sock"))
     p = config.parallel
     role = "engine-core" if p.data_parallel_size == 1 else f"engine-core-dp{p.data_parallel_rank}"

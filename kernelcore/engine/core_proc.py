@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Union
 
 import msgspec
 
@@ -67,8 +66,8 @@ class CoreDead(msgspec.Struct, tag="dead"):
     message: str
 
 
-ToCore = Union[AddRequests, AbortRequests, ShutdownCore, AddLora, RemoveLora]
-FromCore = Union[CoreOutputs, CoreRequestErrors, LoraAdded, CoreDead]
+ToCore = AddRequests | AbortRequests | ShutdownCore | AddLora | RemoveLora
+FromCore = CoreOutputs | CoreRequestErrors | LoraAdded | CoreDead
 
 
 class EngineCoreLoop:

@@ -62,7 +62,8 @@ class ReplicaFailover:
         self._channels[replica].close()
         process = self._replica_processes[replica]
         if process is not None:  # an engine core that lost its workers may still be alive
-            self._tasks.append(asyncio.create_task(asyncio.to_thread(process.terminate), name=f"kc-end-replica-{replica}"))
+            self._tasks.append(asyncio.create_task(asyncio.to_thread(process.terminate),
+                                                   name=f"kc-end-replica-{replica}"))
         for answer_key, answer in list(self._lora_answers.items()):
             if answer_key[1] == replica and not answer.done():
                 answer.set_result(None)  # a lost replica does not veto an adapter

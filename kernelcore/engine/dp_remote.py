@@ -16,16 +16,16 @@ import os
 import socket
 import threading
 import time
-from typing import Union, cast
+from typing import cast
 
 import msgspec
 
 from kernelcore import envs, hostproc
-from kernelcore.contract.config import KernelConfig
 from kernelcore.config_fingerprint import fingerprint, mismatches
+from kernelcore.contract.config import KernelConfig
 from kernelcore.engine.core_proc import AbortRequests, AddLora, AddRequests, RemoveLora, ShutdownCore
-from kernelcore.hostproc.ipc import Channel, private_socket_dir, remove_private_dir, send_frame, use_private_root
 from kernelcore.hostproc.accept import AuthenticatedListener
+from kernelcore.hostproc.ipc import Channel, private_socket_dir, remove_private_dir, send_frame, use_private_root
 from kernelcore.hostproc.tcp import HANDSHAKE_TIMEOUT, connect_authenticated, listen, set_keepalive
 
 logger = logging.getLogger("kernelcore.engine")
@@ -35,7 +35,7 @@ class JoinVerdict(msgspec.Struct, tag="join"):
     error: str = ""  # empty: accepted
 
 
-RemoteToCore = Union[JoinVerdict, AddRequests, AbortRequests, ShutdownCore, AddLora, RemoveLora]
+RemoteToCore = JoinVerdict | AddRequests | AbortRequests | ShutdownCore | AddLora | RemoveLora
 
 
 class ReplicaPort:

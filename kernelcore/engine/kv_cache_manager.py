@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from kernelcore.engine.request import Request
 
-
 NULL_BLOCK = -1
 
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from tqdm.auto import tqdm
 
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import RequestOutput
-from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.scheduler import RequestRejected
 from kernelcore.engine.tokenizer import encode_chat, encode_prompt, eos_token_id, try_get_tokenizer
 
@@ -64,7 +65,7 @@ class LLM:
         lora_ids = self._lora_ids(lora_request, len(prompts))
         request_ids = []
         try:
-            for prompt, p, lora_id in zip(prompts, params, lora_ids):
+            for prompt, p, lora_id in zip(prompts, params, lora_ids, strict=True):
                 if isinstance(prompt, str):
                     request_ids.append(self._add_request(prompt, self._encode(prompt), p, lora_id))
                 elif "prompt_token_ids" in prompt:
@@ -79,10 +80,12 @@ class LLM:
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
-             chat_template: str | None = None, add_generation_prompt: bool = True, **kwargs: Any) -> list[RequestOutput]:
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             **kwargs: Any) -> list[RequestOutput]:
         conversations = cast("list[list[dict[str, Any]]]",
                              [messages] if messages and isinstance(messages[0], dict) else messages)
-        prompts = [{"prompt_token_ids": encode_chat(self.tokenizer, conv, chat_template, add_generation_prompt, **kwargs)}
+        prompts = [{"prompt_token_ids": encode_chat(self.tokenizer, conv, chat_template, add_generation_prompt,
+                                                    **kwargs)}
                    for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
@@ -117,8 +120,8 @@ class LLM:
                      lora_id: int = 0) -> str:
         request_id = str(next(self._counter))
         params = params.clone(output_kind="final_only")
-        core_requests = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, self.eos_token_id,
-                                                          lora_id)
+        core_requests = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params,
+                                                          self.eos_token_id, lora_id)
         try:
             for core_request in core_requests:
                 self.engine_core.add_request(core_request)
@@ -149,7 +152,8 @@ class LLM:
                         num_output_tokens += sum(len(c.token_ids) for c in output.outputs)
                         bar.update(1)
                         if bar.format_dict.get("elapsed"):
-                            bar.set_postfix_str(f"{num_output_tokens / bar.format_dict['elapsed']:.1f} toks/s", refresh=False)
+                            bar.set_postfix_str(f"{num_output_tokens / bar.format_dict['elapsed']:.1f} toks/s",
+                                                refresh=False)
                 if not self.engine_core.has_unfinished_requests() and len(finished) < len(request_ids):
                     raise RuntimeError("the engine finished without answering every request")
         except BaseException:

@@ -7,15 +7,15 @@ import time
 
 import msgspec
 
-from kernelcore.engine.detokenizer import IncrementalDetokenizer
 from kernelcore.core_types.runner_output import TokenLogprobs
+from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.engine.detokenizer import IncrementalDetokenizer
 from kernelcore.engine.outputs import CompletionOutput, EngineCoreOutput, Logprob, RequestOutput
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.core_types.sampling_params import SamplingParams
 
 
 class ChildState:
-    def __init__(self, request_id: str, index: int, parent: "ParentState", tokenizer) -> None:
+    def __init__(self, request_id: str, index: int, parent: ParentState, tokenizer) -> None:
         params = parent.params
         self.request_id, self.index, self.parent = request_id, index, parent
         self.detokenizer = IncrementalDetokenizer(tokenizer, parent.prompt_token_ids, params) if tokenizer else None
@@ -46,7 +46,8 @@ class ChildState:
 
 
 class ParentState:
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams) -> None:
         self.request_id, self.prompt, self.prompt_token_ids, self.params = request_id, prompt, prompt_token_ids, params
         self.children: list[ChildState] = []
         self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
@@ -135,7 +136,8 @@ class OutputProcessor:
             parent = child.parent
             touched[parent.request_id] = parent
             if out.new_prompt_logprobs and parent.prompt_logprobs is not None:
-                parent.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs, parent.params.prompt_logprobs))
+                parent.prompt_logprobs.extend(self._logprob_dicts(out.new_prompt_logprobs,
+                                                                  parent.params.prompt_logprobs))
             if out.num_cached_tokens:
                 parent.num_cached_tokens = out.num_cached_tokens
             if not out.new_token_ids and not out.finish_reason:
@@ -148,7 +150,7 @@ class OutputProcessor:
             if child.logprobs is not None and child.cumulative_logprob is not None and out.new_logprobs:
                 new = self._logprob_dicts(out.new_logprobs, parent.params.logprobs)
                 child.logprobs.extend(new)
-                child.cumulative_logprob += sum(lp.logprob for tl, d in zip(out.new_logprobs, new)
+                child.cumulative_logprob += sum(lp.logprob for tl, d in zip(out.new_logprobs, new, strict=True)
                                                 for lp in [d[tl.token_ids[0]]])
             child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
             if child.detokenizer is not None:
@@ -185,17 +187,18 @@ class OutputProcessor:
             completions = [c.make_output(True) for c in parent.children if c.num_new_tokens or c.finish_reason]
         else:
             completions = [c.make_output(False) for c in parent.children]
-        return RequestOutput(request_id=parent.request_id, prompt=parent.prompt, prompt_token_ids=parent.prompt_token_ids,
-                             prompt_logprobs=parent.prompt_logprobs, outputs=completions, finished=is_finished,
-                             num_cached_tokens=parent.num_cached_tokens)
+        return RequestOutput(request_id=parent.request_id, prompt=parent.prompt,
+                             prompt_token_ids=parent.prompt_token_ids, prompt_logprobs=parent.prompt_logprobs,
+                             outputs=completions, finished=is_finished, num_cached_tokens=parent.num_cached_tokens)
 
     def _logprob_dicts(self, entries: list[TokenLogprobs], num_top: int | None) -> list[dict[int, Logprob]]:
         result = []
         for entry in entries:
             d = {}
-            for i, (token_id, logprob) in enumerate(zip(entry.token_ids, entry.logprobs)):
+            for i, (token_id, logprob) in enumerate(zip(entry.token_ids, entry.logprobs, strict=True)):
                 if token_id not in d:
-                    d[token_id] = Logprob(max(logprob, -9999.0), entry.rank if i == 0 else i, self._token_text(token_id))
+                    d[token_id] = Logprob(max(logprob, -9999.0), entry.rank if i == 0 else i,
+                                          self._token_text(token_id))
             result.append(d)
         return result
 

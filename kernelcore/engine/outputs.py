@@ -9,7 +9,6 @@ import msgspec
 from kernelcore.core_types.runner_output import TokenLogprobs
 from kernelcore.metrics.stats import EngineStats
 
-
 # -- engine core -> front end ----------------------------------------------------------------------------------
 
 

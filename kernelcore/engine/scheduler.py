@@ -67,9 +67,10 @@ class Scheduler:
         capacity = self.kv.num_blocks * self.kv.block_size
         num_total = num_prompt + (max_tokens if max_tokens is not None else self.max_model_len - num_prompt)
         if num_total > capacity:
-            raise RequestRejected(f"The request needs {num_total} tokens of KV cache ({num_prompt} prompt + max_tokens), "
-                                  f"but the whole cache holds {capacity} tokens ({self.kv.num_blocks} blocks of "
-                                  f"{self.kv.block_size}); raise kv_cache_memory or lower max_tokens.")
+            raise RequestRejected(f"The request needs {num_total} tokens of KV cache "
+                                  f"({num_prompt} prompt + max_tokens), but the whole cache holds {capacity} tokens "
+                                  f"({self.kv.num_blocks} blocks of {self.kv.block_size}); "
+                                  "raise kv_cache_memory or lower max_tokens.")
 
     def add_request(self, req: EngineCoreRequest) -> None:
         if req.request_id in self.requests:
@@ -248,7 +249,7 @@ class Scheduler:
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         stats = self._step_stats
         outputs: list[EngineCoreOutput] = []
-        sampled = dict(zip(runner_output.req_ids, runner_output.sampled_token_ids))
+        sampled = dict(zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True))
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING:

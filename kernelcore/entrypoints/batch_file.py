@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 URLS = ("/v1/chat/completions", "/v1/completions")  # the routes a batch line may name
 

@@ -103,7 +103,8 @@ async def run_bench(url: str, api_key: str | None, model: str | None, num_reques
         if model is None:
             async with session.get(url + "/v1/models") as r:
                 model = (await r.json())["data"][0]["id"]
-        bar = tqdm(total=num_requests, desc="requests", disable=None if show_progress else True)  # None: only on a terminal
+        # disable=None: shown only on a terminal.
+        bar = tqdm(total=num_requests, desc="requests", disable=None if show_progress else True)
 
         async def worker(i: int) -> None:
             prompt = " ".join(rng.choice(WORDS) for _ in range(input_len))

@@ -20,7 +20,8 @@ class KcGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str):
         command = super().get_command(ctx, name)
-        if command is not None and getattr(command, "kc_engine_args", False) and not getattr(command, "_kc_extended", False):
+        if command is not None and getattr(command, "kc_engine_args", False) \
+                and not getattr(command, "_kc_extended", False):
             from kernelcore import platforms, plugins
 
             platforms.load_general_plugins()
@@ -81,8 +82,10 @@ def _mount_optional() -> None:
     # Subcommands live beside their subsystems; mount those present in this build.
     import importlib
 
-    for module_name, attr in (("kernelcore.entrypoints.serve", "serve_cmd"), ("kernelcore.entrypoints.client_cmds", "chat_cmd"),
-                              ("kernelcore.entrypoints.client_cmds", "complete_cmd"), ("kernelcore.entrypoints.bench", "bench_cmd"),
+    for module_name, attr in (("kernelcore.entrypoints.serve", "serve_cmd"),
+                              ("kernelcore.entrypoints.client_cmds", "chat_cmd"),
+                              ("kernelcore.entrypoints.client_cmds", "complete_cmd"),
+                              ("kernelcore.entrypoints.bench", "bench_cmd"),
                               ("kernelcore.entrypoints.run_batch", "run_batch_cmd")):
         try:
             module = importlib.import_module(module_name)

@@ -168,5 +168,6 @@ def render_tour(trace_file: str) -> str:
         for e in sorted(proc_events, key=lambda e: e["time"]):
             who = ",".join(e.get("plugins", [])) or "-"
             mark = "" if e.get("ok", True) else "  FAILED"
-            lines.append(f"   +{e['time'] - t0:8.3f}s  {e['hook']:<34} {who:<28} {e.get('duration_ms', 0):8.2f} ms  -> {e.get('result', '')}{mark}")
+            lines.append(f"   +{e['time'] - t0:8.3f}s  {e['hook']:<34} {who:<28} {e.get('duration_ms', 0):8.2f} ms"
+                         f"  -> {e.get('result', '')}{mark}")
     return "\n".join(lines)

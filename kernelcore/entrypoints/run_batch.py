@@ -14,14 +14,19 @@ import logging
 import secrets
 import signal
 import sys
-from typing import IO, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import IO, Any
 
 import click
 
 from kernelcore.entrypoints.batch_file import BatchRequest, LineError, new_request_id, output_line, parse_lines
 from kernelcore.entrypoints.serve import serve_cmd
-from kernelcore.entrypoints.serve_config import (build_engine_config, build_server_options, check_model_options,
-                                                 check_topology)
+from kernelcore.entrypoints.serve_config import (
+    build_engine_config,
+    build_server_options,
+    check_model_options,
+    check_topology,
+)
 
 logger = logging.getLogger("kernelcore.run_batch")
 

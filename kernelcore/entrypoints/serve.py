@@ -15,8 +15,12 @@ from typing import Any
 
 import click
 
-from kernelcore.entrypoints.serve_config import (build_engine_config, build_server_options, check_model_options,
-                                                 check_topology)
+from kernelcore.entrypoints.serve_config import (
+    build_engine_config,
+    build_server_options,
+    check_model_options,
+    check_topology,
+)
 from kernelcore.entrypoints.serve_options import parse_size, serve_options
 
 __all__ = ["SERVE_OPTION_NAMES", "parse_size", "run_server", "serve_cmd"]
@@ -41,8 +45,9 @@ def serve_cmd(**o: Any) -> None:
     nnodes, node_rank, headless = o["nnodes"], o["node_rank"], o["headless"]
     dp_local, dp_start_rank = o["data_parallel_size_local"], o["data_parallel_start_rank"]
     dp_remote = dp_local is not None and dp_local < (o["data_parallel_size"] or 1)
-    check_topology(nnodes, node_rank, o["master_addr"], o["cluster_secret"], headless, o["distributed_executor_backend"],
-                   o["data_parallel_size"] or 1, dp_remote, o["data_parallel_address"], dp_start_rank)
+    check_topology(nnodes, node_rank, o["master_addr"], o["cluster_secret"], headless,
+                   o["distributed_executor_backend"], o["data_parallel_size"] or 1, dp_remote,
+                   o["data_parallel_address"], dp_start_rank)
     if headless:  # named before the config is built, so its plugin trace shows it as the node it is
         from kernelcore.hostproc import set_role
 

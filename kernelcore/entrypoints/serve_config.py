@@ -7,7 +7,8 @@ options alike. Each refusal is a usage error naming the option, raised before an
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import click
 
@@ -51,7 +52,8 @@ def check_topology(nnodes: int, node_rank: int, master_addr: str | None, cluster
             raise click.BadParameter(str(exc), param_hint="--distributed-executor-backend") from None
     if data_parallel_size > 1 and nnodes > 1:
         raise click.BadParameter("a data-parallel replica spans one host (spread replicas over hosts with "
-                                 "--data-parallel-size-local and --headless instead)", param_hint="--data-parallel-size")
+                                 "--data-parallel-size-local and --headless instead)",
+                                 param_hint="--data-parallel-size")
     if dp_remote:
         if not dp_address:
             raise click.BadParameter("replicas on other hosts need the head's address",

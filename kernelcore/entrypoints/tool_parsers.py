@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcore.contract.parsers import (ParsedOutput, ToolParser, ToolParserRegistry, call_from_json, hold_back,
-                                         json_values)
+from kernelcore.contract.parsers import (
+    ParsedOutput,
+    ToolParser,
+    ToolParserRegistry,
+    call_from_json,
+    hold_back,
+    json_values,
+)
 
 __all__ = ["ParsedOutput", "ToolParser", "ToolParserRegistry", "build_registry", "call_from_json", "hold_back",
            "json_values", "tool_parser_registry"]

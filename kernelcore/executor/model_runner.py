@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernelcore.attention.metadata import AttentionMetadata
-from kernelcore.contract.config import KernelConfig
 from kernelcore.config_builder import load_hf_config
+from kernelcore.contract.config import KernelConfig
 from kernelcore.executor.graph_runner import DecodeGraphRunner, capture_sizes, graph_capture_backend
 from kernelcore.forward_context import set_forward_context
 from kernelcore.layers.attention import Attention
@@ -100,7 +100,7 @@ class ModelRunner:
         block_size = self.block_size
         query_lens = [len(e.token_ids) for e in entries]
         context_lens = [e.num_computed_tokens for e in entries]
-        seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+        seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
         num_seqs, num_tokens = len(entries), sum(query_lens)
         input_ids = torch.tensor(list(chain.from_iterable(e.token_ids for e in entries)), dtype=torch.long)
         query_lens_t = torch.tensor(query_lens)
@@ -112,8 +112,8 @@ class ModelRunner:
         positions = self._arange_to(num_tokens) - query_start_loc[seq_idx] + context_lens_t[seq_idx]
         num_blocks = [-(-s // block_size) for s in seq_lens]
         max_blocks = max(num_blocks)
-        block_tables = torch.tensor([e.block_table[:n] + [0] * (max_blocks - n) for e, n in zip(entries, num_blocks)],
-                                    dtype=torch.long)
+        block_tables = torch.tensor([e.block_table[:n] + [0] * (max_blocks - n)
+                                     for e, n in zip(entries, num_blocks, strict=True)], dtype=torch.long)
         slot_mapping = block_tables[seq_idx, positions // block_size] * block_size + positions % block_size
         metadata = AttentionMetadata(
             slot_mapping=slot_mapping, query_start_loc=query_start_loc, seq_lens=torch.tensor(seq_lens),
@@ -125,7 +125,8 @@ class ModelRunner:
         logits_start = torch.zeros(num_seqs, dtype=torch.long)
         torch.cumsum(num_logits[:-1], 0, out=logits_start[1:])
         row_seq = torch.repeat_interleave(self._arange_to(num_seqs), num_logits, output_size=total_logits)
-        logits_idx = query_start_loc[1:][row_seq] - num_logits[row_seq] + (self._arange_to(total_logits) - logits_start[row_seq])
+        logits_idx = (query_start_loc[1:][row_seq] - num_logits[row_seq]
+                      + (self._arange_to(total_logits) - logits_start[row_seq]))
         lora_ids = None
         if any(e.lora_id for e in entries):
             assert self.lora_manager is not None  # adapters are only added to a runner with LoRA enabled
@@ -141,8 +142,8 @@ class ModelRunner:
         seq_lens = [c + 1 for c in context_lens]
         num_blocks = [-(-s // block_size) for s in seq_lens]
         max_blocks = max(num_blocks)
-        tables = [e.block_table[:n] + [0] * (max_blocks - n) for e, n in zip(entries, num_blocks)]
-        slots = [t[c // block_size] * block_size + c % block_size for t, c in zip(tables, context_lens)]
+        tables = [e.block_table[:n] + [0] * (max_blocks - n) for e, n in zip(entries, num_blocks, strict=True)]
+        slots = [t[c // block_size] * block_size + c % block_size for t, c in zip(tables, context_lens, strict=True)]
         context_lens_t = torch.tensor(context_lens, dtype=torch.long)
         metadata = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long), query_start_loc=torch.arange(len(entries) + 1),

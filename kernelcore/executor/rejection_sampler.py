@@ -70,7 +70,7 @@ def verify(logits: torch.Tensor, md: SamplingMetadata, drafts: list[list[int]],
     accept_list, choice_list, draft_list = accept.tolist(), choice.tolist(), draft_of_row.tolist()
     row_tokens = [-1] * num_rows
     accepted, next_ids = [], []
-    for start, d in zip(starts, drafts):
+    for start, d in zip(starts, drafts, strict=True):
         kept = 0
         while kept < len(d) and accept_list[start + kept]:
             row_tokens[start + kept] = draft_list[start + kept]

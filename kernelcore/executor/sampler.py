@@ -38,7 +38,8 @@ class SamplingMetadata:
         return self.repetition_penalty is not None
 
 
-def build_metadata(params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int) -> SamplingMetadata:
+def build_metadata(params: list[SamplingParams], generators: list[torch.Generator | None],
+                   vocab_size: int) -> SamplingMetadata:
     """The per-batch tensors; the caller reuses them while the batch composition is unchanged."""
     temps = [1.0 if p.is_greedy else p.temperature for p in params]
     greedy = [p.is_greedy for p in params]
@@ -71,7 +72,7 @@ def _logit_bias(params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tenso
                for row, p in enumerate(params) for token_id, bias in (p.logit_bias or {}).items()]
     if not entries:
         return None
-    rows, ids, biases = zip(*entries)
+    rows, ids, biases = zip(*entries, strict=True)
     return torch.tensor(rows), torch.tensor(ids), torch.tensor(biases, dtype=torch.float32)
 
 

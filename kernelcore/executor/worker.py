@@ -13,8 +13,8 @@ import torch
 
 from kernelcore.contract.config import KernelConfig
 from kernelcore.core_types.runner_output import ModelRunnerOutput, TokenLogprobs
-from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.executor.rejection_sampler import verify
 from kernelcore.executor.sampler import Sampler, SamplingMetadata, build_metadata, compute_logprobs
 
@@ -74,7 +74,8 @@ class WorkerBase:
         self.model_runner: Any = None  # a ModelRunner once load_model ran
         self._metadata_key: tuple[str, ...] | None = None
         self._metadata: SamplingMetadata | None = None
-        self._grammar: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, bitmask) of this step's constrained rows
+        # (rows, bitmask) of this step's constrained rows
+        self._grammar: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def init_device(self) -> None:
         torch.manual_seed(self.config.model.seed)
@@ -179,12 +180,13 @@ class WorkerBase:
             return None
         output = ModelRunnerOutput([s.req_id for s in sample_states], [], failed_loras=failed_loras)
         for state, row, start, end in prompt_lp:
-            output.prompt_logprobs[state.req_id] = self._prompt_logprobs(state, logits[row:row + end - start], start, end)
+            output.prompt_logprobs[state.req_id] = self._prompt_logprobs(state, logits[row:row + end - start], start,
+                                                                         end)
         if sample_states:
             self._grammar = None
             if so.grammar_req_ids:
                 row_of, row = {}, 0
-                for state, drafts in zip(sample_states, sample_drafts):
+                for state, drafts in zip(sample_states, sample_drafts, strict=True):
                     row_of[state.req_id] = row
                     row += 1 + len(drafts)
                 rows, seen = [], collections.Counter[str]()
@@ -246,7 +248,7 @@ class WorkerBase:
         min_masks: list[tuple[int, list[int]]] = []
         prompts: list[list[int]] = []
         outputs: list[list[int]] = []
-        for state, d in zip(states, drafts):
+        for state, d in zip(states, drafts, strict=True):
             state.seed_generator()
             num_output = len(state.token_ids) - state.num_prompt_tokens
             for j in range(len(d) + 1):  # row j samples after j drafts
@@ -265,7 +267,7 @@ class WorkerBase:
         self._metadata_key = None  # the plain path's cached metadata no longer matches its rows
         result = verify(logits, md, drafts, [s.generator for s in states])
         output.sampled_token_ids = result.next_token_ids
-        for state, kept in zip(states, result.accepted):
+        for state, kept in zip(states, result.accepted, strict=True):
             if kept:
                 output.accepted_draft_ids[state.req_id] = kept
         num_logprobs = md.max_num_logprobs
@@ -275,7 +277,7 @@ class WorkerBase:
         ids, lps, ranks = compute_logprobs(result.raw_logits[used], result.row_token_ids[used], num_logprobs)
         ids, lps, ranks = ids.tolist(), lps.tolist(), ranks.tolist()
         i = 0
-        for state, kept in zip(states, result.accepted):
+        for state, kept in zip(states, result.accepted, strict=True):
             rows = [TokenLogprobs(ids[i + j][:1 + state.params.logprobs], lps[i + j][:1 + state.params.logprobs],
                                   ranks[i + j]) for j in range(len(kept) + 1)] if state.params.logprobs is not None \
                 else []
@@ -285,7 +287,8 @@ class WorkerBase:
                 if kept:
                     output.accepted_draft_logprobs[state.req_id] = rows[:-1]
 
-    def _prompt_logprobs(self, state: CachedRequestState, logits: torch.Tensor, start: int, end: int) -> list[TokenLogprobs]:
+    def _prompt_logprobs(self, state: CachedRequestState, logits: torch.Tensor, start: int,
+                         end: int) -> list[TokenLogprobs]:
         # Logits at position p predict token p + 1; only prompt tokens not reported yet are returned.
         first = max(state.num_prompt_logprobs_done, start + 1)
         last = min(end + 1, state.num_prompt_tokens)
@@ -297,4 +300,4 @@ class WorkerBase:
         assert num_logprobs is not None  # otherwise num_prompt_logprobs_done starts at the prompt's end
         ids, lps, ranks = compute_logprobs(rows, targets, num_logprobs)
         state.num_prompt_logprobs_done = last
-        return [TokenLogprobs(i, lp, r) for i, lp, r in zip(ids.tolist(), lps.tolist(), ranks.tolist())]
+        return [TokenLogprobs(i, lp, r) for i, lp, r in zip(ids.tolist(), lps.tolist(), ranks.tolist(), strict=True)]

@@ -18,9 +18,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from typing import Any
 
 from kernelcore.hostproc.role import get_role, set_role
 
@@ -31,7 +32,7 @@ class ProcessStartError(RuntimeError):
     """A child failed before reporting ready (its error, or its death, is in the message)."""
 
 
-_children: list["HostProcess"] = []
+_children: list[HostProcess] = []
 _status_conn: Connection | None = None
 
 

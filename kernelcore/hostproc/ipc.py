@@ -66,7 +66,7 @@ class Channel:
         self._selector.register(sock, selectors.EVENT_READ)
 
     @classmethod
-    def connect(cls, path: str, decode_type: Any, timeout: float = 30.0) -> "Channel":
+    def connect(cls, path: str, decode_type: Any, timeout: float = 30.0) -> Channel:
         deadline = time.monotonic() + timeout
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -183,7 +183,7 @@ class AsyncChannel:
         self._decoder = msgspec.msgpack.Decoder(decode_type)
 
     @classmethod
-    async def from_socket(cls, sock: socket.socket, decode_type: Any) -> "AsyncChannel":
+    async def from_socket(cls, sock: socket.socket, decode_type: Any) -> AsyncChannel:
         if sock.family == socket.AF_UNIX:
             reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_FRAME)
         else:  # an authenticated TCP connection from another host (same frames)

@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 import time
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -46,7 +46,7 @@ class Verdict(msgspec.Struct, tag="verdict"):
     error: str = ""
 
 
-_Handshake = Union[Challenge, Proof, Verdict]
+_Handshake = Challenge | Proof | Verdict
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(_Handshake)
 
@@ -104,7 +104,7 @@ def accept_authenticated(sock: socket.socket, secret: str) -> dict[str, Any]:
 
     Raises ClusterAuthError (after telling the client why) when the client does not prove the secret.
     """
-    peer = "%s:%s" % sock.getpeername()[:2]
+    peer = "{}:{}".format(*sock.getpeername()[:2])
     sock.settimeout(HANDSHAKE_TIMEOUT)
     nonce = os.urandom(32)
     _send(sock, Challenge(nonce))

@@ -7,8 +7,14 @@ are implementation detail. docs/models.md describes each layer's contract.
 from kernelcore.layers.activation import SiluAndMul
 from kernelcore.layers.attention import Attention
 from kernelcore.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from kernelcore.layers.linear import (ColumnParallelLinear, LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
-                                      ReplicatedLinear, RowParallelLinear)
+from kernelcore.layers.linear import (
+    ColumnParallelLinear,
+    LinearBase,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from kernelcore.layers.norm import LayerNorm, RMSNorm
 from kernelcore.layers.rotary import RotaryEmbedding, get_rope
 

@@ -55,7 +55,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
         return F.linear(x, cast(torch.Tensor, layer.weight), bias)
 
 
-def quantize_int8_per_channel(weight: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_int8_per_channel(weight: torch.Tensor,
+                              amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 with one float32 scale per output row: (qweight int8 [out, in], scale [out])."""
     w = weight.float()
     if amax is None:

@@ -59,7 +59,8 @@ def _build_cache(base: float, rotary_dim: int, max_position: int, scaling: dict[
         long_len = int(native * factor)
         long_base = base * ((factor * long_len / native) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
         return torch.cat([_cos_sin(inv_freq, torch.arange(native)),
-                          _cos_sin(_inv_freq(long_base, rotary_dim), torch.arange(native, max(long_len, max_position)))])
+                          _cos_sin(_inv_freq(long_base, rotary_dim),
+                                  torch.arange(native, max(long_len, max_position)))])
     raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, dynamic, llama3, longrope)")
 
 

@@ -129,7 +129,7 @@ def check_tensor(name: str, part: str, tensor: torch.Tensor, rank: int) -> None:
         raise LoRAAdapterError(f"{label} holds NaN or infinite values")
 
 
-def check_shapes(adapter: "LoRAAdapter", features: dict[str, tuple[int, int]]) -> None:
+def check_shapes(adapter: LoRAAdapter, features: dict[str, tuple[int, int]]) -> None:
     """Every module is one the model can adapt and its A is [r, in_features], its B [out_features, r]
     (``features``: module path -> the full, unsharded (in_features, out_features) of that module)."""
     unknown = sorted(set(adapter.weights) - set(features))
@@ -152,7 +152,8 @@ def load_adapter(path: str, max_rank: int) -> LoRAAdapter:
     for key, tensor in _read_weights(path).items():
         parsed = module_name(key)
         if parsed is None:
-            raise LoRAAdapterError(f"unexpected tensor {key!r} in the adapter (only lora_A/lora_B weights are supported)")
+            raise LoRAAdapterError(f"unexpected tensor {key!r} in the adapter "
+                                   "(only lora_A/lora_B weights are supported)")
         pairs.setdefault(parsed[0], {})[parsed[1]] = tensor
     weights = {}
     for name, pair in pairs.items():

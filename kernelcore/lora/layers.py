@@ -2,8 +2,9 @@
 
 For ``S`` slots and ``n`` packed slices (q/k/v -> 3, gate/up -> 2) of rank ``r`` each, ``lora_a`` is
 ``[n*S*r, in]``, slice-major (one shrink matmul for every slot and slice), and slice ``i`` has its own
-``lora_b_i`` ``[out_i, S*r]``: the expand reads slice ``i`` of the shrink as a strided view, no copy. Per step the model runner sets one adapter index per token; the manager turns it into
-``scales [T, S]`` (the slot's scaling on the token's own slot, zero elsewhere), so
+``lora_b_i`` ``[out_i, S*r]``: the expand reads slice ``i`` of the shrink as a strided view, no copy. Per
+step the model runner sets one adapter index per token; the manager turns it into ``scales [T, S]`` (the
+slot's scaling on the token's own slot, zero elsewhere), so
 ``delta_i = ((x @ A.T) * scales)_i @ B_i.T`` picks each token's adapter without a loop over requests.
 A and B are sharded like the base weight: column layers split B's rows (the layer's own ``weight_loader``
 places q/k/v and gate/up rows); row layers split A's columns, so their ``x @ A.T`` is a partial sum,
@@ -12,8 +13,9 @@ all-reduced (a small ``[T, S*n*r]`` tensor) before the replicated B.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import accumulate
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +34,7 @@ def slice_rows(base: LinearBase, num_slices: int) -> list[tuple[int, int]]:
     else:  # MergedColumnParallelLinear
         sizes = [size // base.tp_size for size in cast(MergedColumnParallelLinear, base).output_sizes]
     ends = list(accumulate(sizes))
-    return [(end - size, end) for size, end in zip(sizes, ends)]
+    return [(end - size, end) for size, end in zip(sizes, ends, strict=True)]
 
 
 def full_features(base: LinearBase, index: int) -> tuple[int, int]:
@@ -72,7 +74,7 @@ class LoRALinear(nn.Module):
         """Load one adapter's (A, B) per slice (None: slice not targeted) into ``slot``, sharded for this rank."""
         self.clear_slot(slot)
         base, r = self.base, self.max_rank
-        for i, (shard_id, pair, (start, end)) in enumerate(zip(self.shard_ids, pairs, self.rows)):
+        for i, (shard_id, pair, (start, end)) in enumerate(zip(self.shard_ids, pairs, self.rows, strict=True)):
             if pair is None:
                 continue
             lora_a, lora_b = (t.to(self.lora_a.dtype) for t in pair)

@@ -164,7 +164,7 @@ class LoRAModelManager:
         if missing and tp.world_size > 1:
             flags = torch.tensor([float(i in failed) for i in missing], device=self.slot_scaling.device)
             flags = tp.all_reduce(flags)
-            for lora_id, flag in zip(missing, flags.tolist()):
+            for lora_id, flag in zip(missing, flags.tolist(), strict=True):
                 if flag and lora_id not in failed:
                     self._clear_slot(self.slot_ids.index(lora_id))
                     failed[lora_id] = "the adapter could not be loaded on every tensor-parallel rank"

@@ -13,8 +13,7 @@ import inspect
 import logging
 import os
 
-from kernelcore.contract.lora import (DEFAULT_ORDER, LoRAPathError, LoRAResolver, LoRAResolverError,
-                                      LoRAResolverRegistry)
+from kernelcore.contract.lora import DEFAULT_ORDER, LoRAPathError, LoRAResolver, LoRAResolverError, LoRAResolverRegistry
 
 __all__ = ["DEFAULT_ORDER", "LoRAPathError", "LoRAResolver", "LoRAResolverError", "LoRAResolverRegistry",
            "build_registry", "check_plain_name", "child_of", "confine", "resolve"]

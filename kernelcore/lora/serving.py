@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError, load_adapter, log_detail
 from kernelcore.lora.resolver import build_registry, confine, resolve

@@ -21,7 +21,8 @@ def validate_stat_loggers(named: list[tuple[str, Any]]) -> list[type[StatLoggerB
     classes = []
     for name, obj in named:
         if not (isinstance(obj, type) and issubclass(obj, StatLoggerBase)):
-            raise TypeError(f"Stat logger plugin {name!r} must be a subclass of kernelcore.metrics.StatLoggerBase (got {obj!r})")
+            raise TypeError(f"Stat logger plugin {name!r} must be a subclass of kernelcore.metrics.StatLoggerBase "
+                            f"(got {obj!r})")
         classes.append(obj)
     return classes
 

@@ -51,7 +51,8 @@ The history of the world is a long story of people, cities, empires, inventions 
 invented thousands of years ago; printing made books cheap; the telegraph, the telephone, the radio and
 the internet each made the world a little smaller. Today information travels around the planet in less
 than a second, and anyone with a computer can ask questions and receive answers in many languages.
-Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 20 42 100 365 1000 2024. Punctuation: , . ; : ! ? ' " ( ) [ ] { } - _ / + = * & % $ # @.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 20 42 100 365 1000 2024. \
+Punctuation: , . ; : ! ? ' " ( ) [ ] { } - _ / + = * & % $ # @.
 def main(): print("hello, world") return 0 # code, lists, dicts, strings and functions.
 """
 

@@ -113,7 +113,8 @@ def has_vocabulary(path: str) -> bool:
 
 
 def tensors(path: str) -> list[TensorInfo]:
-    return [TensorInfo(t["name"], t["type"], tuple(t["shape"]), t["offset"], t["nbytes"]) for t in _info(path)["tensors"]]
+    return [TensorInfo(t["name"], t["type"], tuple(t["shape"]), t["offset"], t["nbytes"])
+            for t in _info(path)["tensors"]]
 
 
 def config_dir(path: str) -> tuple[str, str | None]:

@@ -13,8 +13,9 @@ row-parallel shard of a 256-value super-block) gets the tensor dequantized to fl
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -7,8 +7,8 @@ import glob
 import json
 import logging
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -164,7 +164,8 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
     if architecture is None:
         from kernelcore.config_builder import load_hf_config
 
-        architecture, _ = model_registry.resolve(list(getattr(load_hf_config(config.model), "architectures", None) or []))
+        architectures = getattr(load_hf_config(config.model), "architectures", None) or []
+        architecture, _ = model_registry.resolve(list(architectures))
     model_cls = model_registry.get_model_cls(architecture)
     if config.parallel.pipeline_parallel_size > 1 and not getattr(model_cls, "supports_pipeline_parallel", False):
         raise ValueError(f"{architecture} does not support pipeline parallelism (supports_pipeline_parallel)")
@@ -182,7 +183,6 @@ def get_model(config: KernelConfig, is_dummy: bool = False) -> nn.Module:
             init_dummy_weights(model)
         elif is_gguf:
             from kernelcore.config_builder import load_hf_config
-
             from kernelcore.models.gguf_params import record_gguf_types
 
             record_gguf_types(model)

@@ -8,13 +8,39 @@ Its modules, bottom up: :mod:`~kernelcore.plugins.trace` (the ``KC_TRACE_PLUGINS
 """
 
 from kernelcore.plugins.calls import call_each, call_plugin_hook, implementers
-from kernelcore.plugins.discovery import (BUILTIN_DIST, GENERAL_GROUP, GROUPS, PLATFORM_GROUP, STAT_LOGGER_GROUP,
-                                          adopt_logger, allowed_status, discover, register_platform, unknown_hooks,
-                                          warn_excluded_platforms, warn_unknown_allowed_names)
-from kernelcore.plugins.startup import (STARTUP_HOOKS, apply_kernel_overrides, load_general_plugins,
-                                        load_platform_plugins, load_stat_logger_classes, op_owners, trace_kernel_table)
-from kernelcore.plugins.state import (PluginError, PluginRecord, describe, get_plugin_manager, plugin_dist,
-                                      process_state, records, reset_for_tests)
+from kernelcore.plugins.discovery import (
+    BUILTIN_DIST,
+    GENERAL_GROUP,
+    GROUPS,
+    PLATFORM_GROUP,
+    STAT_LOGGER_GROUP,
+    adopt_logger,
+    allowed_status,
+    discover,
+    register_platform,
+    unknown_hooks,
+    warn_excluded_platforms,
+    warn_unknown_allowed_names,
+)
+from kernelcore.plugins.startup import (
+    STARTUP_HOOKS,
+    apply_kernel_overrides,
+    load_general_plugins,
+    load_platform_plugins,
+    load_stat_logger_classes,
+    op_owners,
+    trace_kernel_table,
+)
+from kernelcore.plugins.state import (
+    PluginError,
+    PluginRecord,
+    describe,
+    get_plugin_manager,
+    plugin_dist,
+    process_state,
+    records,
+    reset_for_tests,
+)
 from kernelcore.plugins.trace import trace_event
 
 __all__ = [

@@ -10,8 +10,15 @@ from typing import Any
 from kernelcore import envs
 from kernelcore.hostproc.role import get_role
 from kernelcore.plugins.calls import call_plugin_hook, implementers
-from kernelcore.plugins.discovery import (GENERAL_GROUP, PLATFORM_GROUP, STAT_LOGGER_GROUP, load_group, register_plugin,
-                                          warn_excluded_platforms, warn_unknown_allowed_names)
+from kernelcore.plugins.discovery import (
+    GENERAL_GROUP,
+    PLATFORM_GROUP,
+    STAT_LOGGER_GROUP,
+    load_group,
+    register_plugin,
+    warn_excluded_platforms,
+    warn_unknown_allowed_names,
+)
 from kernelcore.plugins.state import PluginError, PluginRecord, process_state
 from kernelcore.plugins.trace import trace_event
 

@@ -79,7 +79,7 @@ def records() -> list[PluginRecord]:
 
 
 def plugin_dist(name: str) -> str:
-    for (group, plugin), record in _process_state().records.items():
+    for (_group, plugin), record in _process_state().records.items():
         if plugin == name:
             return record.dist
     return "?"

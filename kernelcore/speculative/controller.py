@@ -41,7 +41,7 @@ class SpeculativeController:
         if not asked:
             return {}
         drafts = {}
-        for request, proposal in zip(asked, self.proposer.propose(asked)):
+        for request, proposal in zip(asked, self.proposer.propose(asked), strict=False):
             proposal = list(proposal)[:request.num_tokens]
             for i, token_id in enumerate(proposal):
                 if not (isinstance(token_id, int) and 0 <= token_id < self.vocab_size):

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
-from kernelcore.contract.structured_output import (BackendFactory, GrammarMatcher, StructuredOutputBackend,
-                                                   StructuredOutputBackendRegistry, UnsupportedConstraint,
-                                                   allocate_bitmask)
+from kernelcore.contract.structured_output import (
+    BackendFactory,
+    GrammarMatcher,
+    StructuredOutputBackend,
+    StructuredOutputBackendRegistry,
+    UnsupportedConstraint,
+    allocate_bitmask,
+)
 
 __all__ = ["BackendFactory", "GrammarMatcher", "StructuredOutputBackend", "StructuredOutputBackendRegistry",
            "UnsupportedConstraint", "allocate_bitmask", "build_registry"]

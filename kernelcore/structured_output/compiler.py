@@ -7,9 +7,13 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from kernelcore.structured_output.backend import (StructuredOutputBackend, StructuredOutputBackendRegistry,
-                                                  UnsupportedConstraint, build_registry)
 from kernelcore.contract.structured_output_params import StructuredOutputsParams
+from kernelcore.structured_output.backend import (
+    StructuredOutputBackend,
+    StructuredOutputBackendRegistry,
+    UnsupportedConstraint,
+    build_registry,
+)
 
 logger = logging.getLogger("kernelcore.structured_output")
 CACHE_SIZE = 256

@@ -11,8 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from kernelcore.entrypoints.server.errors import APIError, route_error_response
-from kernelcore.entrypoints.server.state import (STATE, ServerOptions, ServerState, base_request_id,  # noqa: F401
-                                                 get_state, read_json)
+from kernelcore.entrypoints.server.state import STATE, ServerOptions, ServerState, base_request_id, get_state, read_json  # noqa: F401
 
 logger = logging.getLogger("kernelcore.server")
 

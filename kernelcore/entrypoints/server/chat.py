@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncGenerator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from aiohttp import web
-
 
 from kernelcore.entrypoints.server.completions import usage
 from kernelcore.entrypoints.server.generate import start_chat

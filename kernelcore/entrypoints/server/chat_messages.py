@@ -53,7 +53,8 @@ def _check_tool_choice(tool_choice: Any, tools: list | None) -> None:
         if not tools:
             raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
         if isinstance(tool_choice, dict):
-            name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice.get("function"), dict) else None
+            function = tool_choice.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
             if not name:
                 raise bad_request("`tool_choice` must name a function: {\"type\": \"function\", \"function\": "
                                   "{\"name\": ...}}", "tool_choice")

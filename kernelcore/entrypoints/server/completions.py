@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, AsyncGenerator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from aiohttp import web
 
 from kernelcore.engine.outputs import RequestOutput
-from kernelcore.entrypoints.server.state import base_request_id, get_state, read_json
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.logprobs import completion_logprobs, merge_completion_logprobs
 from kernelcore.entrypoints.server.preprocess import check_text_fits, run_preprocess
 from kernelcore.entrypoints.server.protocol import GenerateRequest, make_sampling_params, parse_completion_request
-from kernelcore.entrypoints.server.streaming import (ChoiceState, EnginePrompt, check_not_aborted, engine_error,
-                                                     final_outputs, merged, stream_events)
+from kernelcore.entrypoints.server.state import base_request_id, get_state, read_json
+from kernelcore.entrypoints.server.streaming import (
+    ChoiceState,
+    EnginePrompt,
+    check_not_aborted,
+    engine_error,
+    final_outputs,
+    merged,
+    stream_events,
+)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -79,7 +87,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     except Exception as exc:
         raise engine_error(exc) from exc
     choices, num_completion_tokens = [], 0
-    for prompt_index, (prompt, output) in enumerate(zip(prompts, finals)):
+    for prompt_index, (prompt, output) in enumerate(zip(prompts, finals, strict=True)):
         for choice in sorted(output.outputs, key=lambda c: c.index):
             check_not_aborted(choice)
             token_ids, entries, text = choice.token_ids, choice.logprobs or [], choice.text

@@ -87,7 +87,8 @@ async def overview(request: web.Request) -> web.Response:
         "trace_enabled": bool(envs.KC_TRACE_PLUGINS),
         "metrics_prefix": state.options.metrics_prefix,
         "config": {"tensor_parallel_size": config.parallel.tensor_parallel_size, "block_size": config.cache.block_size,
-                   "num_blocks": getattr(state.engine, "num_blocks", config.cache.num_blocks), "max_num_seqs": config.scheduler.max_num_seqs,
+                   "num_blocks": getattr(state.engine, "num_blocks", config.cache.num_blocks),
+                   "max_num_seqs": config.scheduler.max_num_seqs,
                    "enable_prefix_caching": config.cache.enable_prefix_caching,
                    "enable_lora": getattr(config.lora, "enable_lora", False)},
     }, dumps=lambda obj: json.dumps(obj, default=str))

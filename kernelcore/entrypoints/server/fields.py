@@ -9,7 +9,8 @@ from kernelcore.entrypoints.server.errors import APIError, bad_request
 
 
 def _type_error(name: str, expected: str, value: Any) -> APIError:
-    return bad_request(f"Invalid value for `{name}`: expected {expected}, got {type(value).__name__} {value!r:.60}", name)
+    return bad_request(f"Invalid value for `{name}`: expected {expected}, got {type(value).__name__} {value!r:.60}",
+                       name)
 
 
 def _get(body: dict[str, Any], name: str, kind: str, default: Any = None) -> Any:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator
+from typing import Any
 
 from aiohttp import web
 
@@ -25,8 +26,14 @@ from kernelcore.entrypoints.server.errors import APIError, bad_request
 from kernelcore.entrypoints.server.preprocess import check_text_fits, run_preprocess
 from kernelcore.entrypoints.server.protocol import GenerateRequest, parse_chat_request, parse_completion_request
 from kernelcore.entrypoints.server.state import ServerState, get_state
-from kernelcore.entrypoints.server.streaming import (ChoiceState, EnginePrompt, check_not_aborted, engine_error,
-                                                     final_outputs, merged)
+from kernelcore.entrypoints.server.streaming import (
+    ChoiceState,
+    EnginePrompt,
+    check_not_aborted,
+    engine_error,
+    final_outputs,
+    merged,
+)
 
 
 @dataclass

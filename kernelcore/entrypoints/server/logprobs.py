@@ -29,7 +29,7 @@ def _ranked(entries: dict[int, Logprob]) -> list[tuple[int, Logprob]]:
 def chat_logprobs(tokenizer: Any, token_ids: list[int], entries: list[dict[int, Logprob]], k: int,
                   as_ids: bool) -> dict[str, Any]:
     content = []
-    for token_id, by_id in zip(token_ids, entries):
+    for token_id, by_id in zip(token_ids, entries, strict=False):
         token = token_str(tokenizer, token_id, by_id.get(token_id), as_ids)
         sampled = by_id.get(token_id)
         content.append({
@@ -45,7 +45,7 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], entries: list[dict
                         offset: int, as_ids: bool) -> dict[str, Any]:
     """``entries[i]`` None (the first prompt token with echo) gives null logprob and top_logprobs."""
     result: dict[str, list] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
-    for token_id, by_id in zip(token_ids, entries):
+    for token_id, by_id in zip(token_ids, entries, strict=False):
         sampled = by_id.get(token_id) if by_id else None
         token = token_str(tokenizer, token_id, sampled, as_ids)
         result["text_offset"].append(offset)

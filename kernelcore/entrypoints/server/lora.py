@@ -7,14 +7,15 @@ from typing import Any
 from aiohttp import web
 
 from kernelcore import envs
-from kernelcore.entrypoints.server.state import ServerState, get_state, read_json
 from kernelcore.entrypoints.server.errors import APIError
+from kernelcore.entrypoints.server.state import ServerState, get_state, read_json
 from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError
 from kernelcore.lora.serving import LoRAExistsError, LoRAServing, LoRAUnknownError
 
 
 async def setup(app: web.Application, state: ServerState) -> LoRAServing:
-    """The server's LoRAServing with the static --lora-modules loaded; the endpoints only when runtime updating is on."""
+    """The server's LoRAServing with the static --lora-modules loaded; the endpoints only when runtime updating
+    is on."""
     options = state.options
     serving = LoRAServing(state.engine, state.model_name, options.lora_root or envs.KC_LORA_RESOLVER_DIR,
                           options.allow_runtime_lora_updating)

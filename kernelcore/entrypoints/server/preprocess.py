@@ -15,8 +15,9 @@ import ctypes.util
 import functools
 import re
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from kernelcore.entrypoints.server.errors import bad_request
 

@@ -18,8 +18,12 @@ from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.fields import _get, _type_error, check_token_ids
 from kernelcore.entrypoints.server.limits import Limits, _check_logprobs, _check_max_tokens, check_length
 from kernelcore.entrypoints.server.sampling import INT64_MIN, SAMPLING_FIELDS, parse_sampling_fields
-from kernelcore.entrypoints.server.structured import (INFORMATIONAL_FIELDS, STRUCTURED_FIELDS, check_refused_fields,
-                                                      parse_constraint)
+from kernelcore.entrypoints.server.structured import (
+    INFORMATIONAL_FIELDS,
+    STRUCTURED_FIELDS,
+    check_refused_fields,
+    parse_constraint,
+)
 from kernelcore.entrypoints.server.tools import parse_tools
 
 __all__ = ["CHAT_FIELDS", "COMMON_FIELDS", "COMPLETION_FIELDS", "INT64_MIN", "ROLES", "SAMPLING_FIELDS",
@@ -175,7 +179,8 @@ def parse_chat_request(body: Any, limits: Limits, vocab_size: int) -> GenerateRe
     request.tools = parse_tools(body)
     request.chat = {
         "add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
-        "chat_template": _get(body, "chat_template", "str"), "chat_template_kwargs": _get(body, "chat_template_kwargs", "dict", {}),
+        "chat_template": _get(body, "chat_template", "str"),
+        "chat_template_kwargs": _get(body, "chat_template_kwargs", "dict", {}),
         "tools": tools, "documents": _get(body, "documents", "list"),
     }
     return request

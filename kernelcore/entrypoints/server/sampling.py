@@ -31,7 +31,8 @@ def parse_sampling_fields(body: dict[str, Any], limits: Limits, vocab_size: int)
     if seed is not None and seed > MAX_SEED:
         raise bad_request(f"seed: Input should be less than or equal to {MAX_SEED} [type=less_than_equal]", "seed")
     if seed is not None and seed < INT64_MIN:
-        raise bad_request(f"seed: Input should be greater than or equal to {INT64_MIN} [type=greater_than_equal]", "seed")
+        raise bad_request(f"seed: Input should be greater than or equal to {INT64_MIN} [type=greater_than_equal]",
+                          "seed")
     n = _get(body, "n", "int", 1)
     if n < 1:
         raise bad_request(f"n must be at least 1, got {n}", "n")

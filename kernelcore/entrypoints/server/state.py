@@ -99,5 +99,6 @@ async def read_body(request: web.Request) -> bytes:
 
 async def read_json(request: web.Request) -> Any:
     if request.content_type != "application/json":
-        raise APIError(f"Unsupported Media Type: only 'application/json' is accepted, got '{request.content_type}'", 415)
+        raise APIError(f"Unsupported Media Type: only 'application/json' is accepted, got '{request.content_type}'",
+                       415)
     return decode_json(await read_body(request))

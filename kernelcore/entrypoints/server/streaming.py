@@ -6,13 +6,14 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator, Callable
+from typing import Any
 
 from aiohttp import web
 
-from kernelcore.engine.outputs import CompletionOutput, RequestOutput
 from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.engine.outputs import CompletionOutput, RequestOutput
 from kernelcore.entrypoints.server.errors import APIError
 
 logger = logging.getLogger("kernelcore.server")

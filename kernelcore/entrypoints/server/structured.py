@@ -10,8 +10,8 @@ import asyncio
 import json
 from typing import Any
 
-from kernelcore.entrypoints.server.errors import APIError, bad_request
 from kernelcore.contract.structured_output_params import StructuredOutputsParams
+from kernelcore.entrypoints.server.errors import APIError, bad_request
 
 STRUCTURED_FIELDS = {"response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar", "guided_whitespace_pattern", "guided_decoding_backend"}

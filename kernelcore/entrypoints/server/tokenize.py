@@ -5,13 +5,12 @@ from __future__ import annotations
 import functools
 
 import msgspec
-
 from aiohttp import web
 
-from kernelcore.entrypoints.server.state import get_state, read_json
 from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.entrypoints.server.preprocess import encode_chat, run_preprocess
 from kernelcore.entrypoints.server.protocol import _get, check_token_ids
+from kernelcore.entrypoints.server.state import get_state, read_json
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:

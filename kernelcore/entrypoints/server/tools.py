@@ -9,8 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelcore.entrypoints.server.errors import bad_request
 from kernelcore.contract.structured_output_params import StructuredOutputsParams
+from kernelcore.entrypoints.server.errors import bad_request
 
 
 def new_call_id() -> str:
@@ -40,7 +40,8 @@ class ToolRequest:
         return tool.get("parameters") or {"type": "object", "properties": {}}
 
     def constraint(self) -> StructuredOutputsParams | None:
-        """Named: the tool's parameters. Required: a non-empty array of {name, parameters} (one item if not parallel)."""
+        """Named: the tool's parameters. Required: a non-empty array of {name, parameters} (one item if not
+        parallel)."""
         if self.choice == "named":
             return StructuredOutputsParams(json=json.dumps(self.schema(self.named_tool)))
         if self.choice != "required":

@@ -7,8 +7,8 @@ windows of different scripts must not overlap, so one model serves several scrip
 import torch
 
 from builtin_plugins.models.llama import LlamaForCausalLM
-from kernelcore.models import get_hf_config
 from kernelcore.config import get_current_config
+from kernelcore.models import get_hf_config
 
 
 class KcScriptedLlama(LlamaForCausalLM):
