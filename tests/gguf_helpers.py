@@ -64,7 +64,8 @@ def write_gguf(checkpoint: str, out: str, qtype: str = "F32", with_vocab: bool =
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(checkpoint)
-    arch_name = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}[config.model_type]
+    arch_name = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                 "phi3": "phi3"}[config.model_type]
     arch = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}[arch_name]
     table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -36,7 +36,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 BACKENDS = ("auto", "relay", "netem")  # LINKEMU_BACKEND chooses one; auto: netem when the kernel has it
 TUNSETIFF = 0x400454CA
@@ -113,7 +114,7 @@ class Relay:
         if "partition" in command:
             self.partition = bool(command["partition"])
             if self.partition:  # the packets on the wire are lost with it
-                for direction, queue in zip(self.DIRECTIONS, self.queues):
+                for direction, queue in zip(self.DIRECTIONS, self.queues, strict=True):
                     self.stats[direction]["partitioned"] += len(queue)
                     queue.clear()
         return {"ok": True, "settings": self.settings(), "stats": self.stats}

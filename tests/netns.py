@@ -1,7 +1,8 @@
 """Two simulated hosts: Linux network namespaces joined by a veth pair, created (and removed) by the test.
 
 Addresses are private (10.213.x.1 and .2/24, x from the pid) and live inside the namespaces only; nothing is
-routed outside them. Each command also gets its host's name (a UTS namespace of its own). Needs root and iproute2; :func:`skip_reason` says why not when they are missing.
+routed outside them. Each command also gets its host's name (a UTS namespace of its own). Needs root and
+iproute2; :func:`skip_reason` says why not when they are missing.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import psutil
-
 from helpers import clean_env
 
 
@@ -94,7 +94,7 @@ def two_hosts() -> Iterator[Hosts]:
             _ip("netns", "add", name)
             created.append(name)
         _ip("link", "add", interfaces[0], "type", "veth", "peer", "name", interfaces[1])
-        for name, interface, addr in zip(names, interfaces, addrs):
+        for name, interface, addr in zip(names, interfaces, addrs, strict=True):
             _ip("link", "set", interface, "netns", name)
             _ip("-n", name, "addr", "add", f"{addr}/24", "dev", interface)
             _ip("-n", name, "link", "set", interface, "up")

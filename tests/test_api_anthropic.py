@@ -19,13 +19,13 @@ import jsonschema
 import pytest
 import requests
 from aiohttp.test_utils import TestServer
+from conftest import SMOLLM2_API_KEY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jiter import from_json
 
 from builtin_plugins.anthropic_api.partial_json import partial_json
 from builtin_plugins.anthropic_api.translate import translate
-from conftest import SMOLLM2_API_KEY
 from kernelcore.config import KernelConfig, ModelConfig
 from kernelcore.engine.outputs import CompletionOutput, RequestOutput
 from kernelcore.entrypoints.server.app import ServerOptions, create_app
@@ -126,7 +126,8 @@ def test_tool_use_and_tool_result_round_trip(client):
     _, streamed = _stream(client, max_tokens=60, tools=[WEATHER], tool_choice=FORCE_WEATHER, messages=ASK_WEATHER)
     assert [(b.type, b.name, b.input) for b in streamed.content] == [("tool_use", "get_weather", call.input)]
 
-    history = [*ASK_WEATHER, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+    history = [*ASK_WEATHER,
+               {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                              "content": [{"type": "text", "text": "Sunny, 22 degrees Celsius"}]}]}]
     answer = _create(client, max_tokens=30, tools=[WEATHER], tool_choice={"type": "none"}, messages=history)
@@ -327,7 +328,8 @@ def test_fuzz_routes_answer_4xx_in_anthropic_shape(smollm2_server, path, body):
         if r.headers["Content-Type"].startswith("text/event-stream"):
             assert r.text.startswith("event: message_start\n") and "event: message_stop\n" in r.text
         else:
-            assert r.json()["type"] == "message" if path == "/v1/messages" else isinstance(r.json()["input_tokens"], int)
+            assert (r.json()["type"] == "message" if path == "/v1/messages"
+                    else isinstance(r.json()["input_tokens"], int))
     else:
         assert 400 <= r.status_code < 500
         assert_error_shape(r.json())
@@ -464,7 +466,8 @@ def test_tool_blocks_translate_to_chat_messages():
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": "Checking.", "tool_calls": [
-            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"id": "toolu_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: timeout"},
         {"role": "user", "content": "Try again.\nPlease."},  # consecutive user turns are one turn
     ]

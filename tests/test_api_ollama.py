@@ -18,16 +18,15 @@ import httpx
 import ollama
 import pydantic
 import pytest
+from conftest import SMOLLM2_API_KEY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SMOLLM2_API_KEY
+from builtin_plugins.ollama_api import translate
+from builtin_plugins.ollama_api.routes import OLLAMA_VERSION
 from kernelcore.config import KernelConfig, ModelConfig
 from kernelcore.engine.outputs import CompletionOutput, RequestOutput
 from kernelcore.entrypoints.server.app import ServerOptions, create_app
-
-from builtin_plugins.ollama_api import translate
-from builtin_plugins.ollama_api.routes import OLLAMA_VERSION
 
 slow = pytest.mark.slow
 EXAMPLES = int(os.environ.get("KC_FUZZ_EXAMPLES", "300"))
@@ -38,7 +37,7 @@ GREEDY = {"temperature": 0, "seed": 7}
 
 
 def _few_shot_call(city: str) -> str:
-    return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>' % city
+    return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
 
 
 # One earlier turn that answered with a hermes call: SmolLM2 then calls the tool for the next city, greedily.
@@ -315,7 +314,7 @@ class InProcess:
             self.runner = web.AppRunner(await create_app(engine, options))
             await self.runner.setup()
             await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-            self.url = "http://127.0.0.1:%d" % self.runner.addresses[0][1]
+            self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]:d}"
             ready.set()
 
         self.thread = threading.Thread(target=lambda: (self.loop.run_until_complete(start()), self.loop.run_forever()),

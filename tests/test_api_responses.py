@@ -12,11 +12,10 @@ import time
 import openai
 import pytest
 import requests
+from conftest import SMOLLM2_API_KEY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
-
-from conftest import SMOLLM2_API_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -232,7 +231,8 @@ def test_background_then_cancel(client, url):
     _wait(lambda: client.responses.retrieve(r.id).output_text, "the first output tokens")
     cancelled = client.responses.cancel(r.id)
     assert cancelled.status == "cancelled"
-    final = _wait(lambda: (lambda g: g if g.status in FINAL else None)(client.responses.retrieve(r.id)), "a final status")
+    final = _wait(lambda: (lambda g: g if g.status in FINAL else None)(client.responses.retrieve(r.id)),
+                  "a final status")
     assert final.status == "cancelled" and final.output_text
     _wait(lambda: _aborted(url) > aborted, "the engine to abort the request")
     assert client.responses.cancel(r.id).status == "cancelled"  # cancelling again changes nothing
@@ -349,11 +349,10 @@ def test_fuzz_create(url, body):
 def test_fuzz_translation(body):
     """In process, many more bodies: a request the plugin accepts becomes a chat body the chat parser takes or
     refuses with a 400; nothing else is raised."""
-    from kernelcore.entrypoints.server.errors import APIError
-    from kernelcore.entrypoints.server.protocol import Limits, parse_chat_request
-
     from builtin_plugins.responses_api.protocol import parse_request
     from builtin_plugins.responses_api.translate import chat_body
+    from kernelcore.entrypoints.server.errors import APIError
+    from kernelcore.entrypoints.server.protocol import Limits, parse_chat_request
 
     try:
         req = parse_request(body)

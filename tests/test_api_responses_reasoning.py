@@ -8,7 +8,6 @@ import re
 
 import openai
 import pytest
-
 from helpers import scripted_default_model
 from test_server_e2e import start_server, stop_server
 

@@ -9,7 +9,6 @@ import json
 
 import openai
 import pytest
-
 from conftest import SMOLLM2_API_KEY
 
 pytestmark = pytest.mark.slow

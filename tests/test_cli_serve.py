@@ -3,8 +3,8 @@
 import click
 import pytest
 from click.testing import CliRunner
-
 from helpers import run_kc
+
 from kernelcore.entrypoints.serve import parse_size
 
 

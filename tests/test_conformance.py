@@ -5,8 +5,8 @@ import json
 
 import pytest
 import torch
-
 from helpers import run_kc
+
 from kernelcore.conformance import numerics
 
 

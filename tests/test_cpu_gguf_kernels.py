@@ -4,8 +4,8 @@ Every supported type: dequantize bit-exact in float32 (bfloat16: those values ro
 float32-accumulation bound of a float64 product of the dequantized weight, and the integer-dot matmul within the
 bound of its int8 activations (llama.cpp's Q8_0 / Q8_K scheme: one scale amax / 127 per 32 or 256 values).
 Blocks are valid: quantized from random floats by gguf.quants.quantize where gguf-py can, else random bytes with
-finite float16 scale fields; plus a few tensors of each type of two real GGUF files (the kc pull cache, tests/real_models.py: fetched once,
-a failure without them).
+finite float16 scale fields; plus a few tensors of each type of two real GGUF files (the kc pull cache,
+tests/real_models.py: fetched once, a failure without them).
 
 The bounds, for y = sum_k x_k w_k over K values, S = sum_k |x_k| |w_k| and u = 2^-24:
   float:  |err| <= (K / 16 + 32) u S. Each of 16 lanes sums K / 16 exact-input products with FMAs, then the
@@ -221,7 +221,7 @@ def test_threads_and_determinism() -> None:
     single = [kernel.matmul(x, raw, t, int_dot=i) for x, raw, t, i in cases]
     torch.set_num_threads(2)  # (the fixture restores the count)
     double = [kernel.matmul(x, raw, t, int_dot=i) for x, raw, t, i in cases]
-    assert all(torch.equal(a, b) for a, b in zip(single, double))
+    assert all(torch.equal(a, b) for a, b in zip(single, double, strict=True))
     failures: list[str] = []
 
     def worker(offset: int) -> None:

@@ -5,8 +5,8 @@ batch that pads to a captured size), and the tapes were replayed."""
 from __future__ import annotations
 
 import pytest
-
 from conftest_models import make_llama_checkpoint
+
 from kernelcore import LLM, SamplingParams
 
 
@@ -33,9 +33,9 @@ def test_replayed_decode_steps_generate_what_eager_steps_do(llama_path, config, 
     runner = llm.engine_core.executor.worker.model_runner
     assert runner.graph_runner is not None and runner.graph_runner.num_replays >= 20
     _, want = generate(llama_path, prompts, enforce_eager=True, **config)
-    for (got_ids, got_lps), (want_ids, want_lps) in zip(got, want):
+    for (got_ids, got_lps), (want_ids, want_lps) in zip(got, want, strict=True):
         assert got_ids == want_ids
-        for g, w in zip(got_lps, want_lps):  # the same kernels on the same inputs: equal logprobs
+        for g, w in zip(got_lps, want_lps, strict=True):  # the same kernels on the same inputs: equal logprobs
             assert g.keys() == w.keys()
             assert all(abs(g[t].logprob - w[t].logprob) < 1e-5 for t in g)
 

@@ -80,7 +80,7 @@ def test_tuning_installs_one_choice_per_shape_and_apply_follows_it(kind):
     assert len(choices) == 2
     tuned = [layer.__dict__["_tuned_linear"] for layer in model]
     assert tuned[0] is not tuned[1] and tuned[0].names == tuned[1].names
-    for t, layer in zip(tuned, model):
+    for t, layer in zip(tuned, model, strict=True):
         assert len(t.names) == len(ROW_COUNTS) and set(t.names) <= set(layer.quant_method.candidates(layer).impls)
         assert t.names[row_index(32):] == (t.names[row_index(20)],) * (len(ROW_COUNTS) - row_index(20))
     layer = model[2]
@@ -89,7 +89,7 @@ def test_tuning_installs_one_choice_per_shape_and_apply_follows_it(kind):
     real = tuned[2].impls[row_index(5)]
     layer.__dict__["_tuned_linear"] = type(tuned[2])(tuned[2].dtype, tuned[2].names, tuple(
         (lambda lay, x, bias, real=real: calls.append(x.shape[0]) or real(lay, x, bias)) if n == name else i
-        for n, i in zip(tuned[2].names, tuned[2].impls)))
+        for n, i in zip(tuned[2].names, tuned[2].impls, strict=True)))
     x = torch.randn(5, 64, generator=g).to(dtype)
     with torch.inference_mode():
         y = layer.quant_method.apply(layer, x, layer.bias)
@@ -140,8 +140,9 @@ def test_choices_are_kept_on_disk_and_a_restart_measures_nothing(tmp_path):
     class Counting(_Method):
         def candidates(self, layer):
             c = super().candidates(layer)
-            return Candidates(c.key, c.dtype, {name: (lambda lay, x, bias, impl=impl: calls.append(1) or impl(lay, x, bias))
-                                               for name, impl in c.impls.items()})
+            return Candidates(c.key, c.dtype,
+                              {name: (lambda lay, x, bias, impl=impl: calls.append(1) or impl(lay, x, bias))
+                               for name, impl in c.impls.items()})
 
     def model():
         layer = _layer(torch.randn(16, 32, generator=torch.Generator().manual_seed(0)))

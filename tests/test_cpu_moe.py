@@ -43,10 +43,11 @@ def test_the_engine_serves_a_moe_model_through_it(tmp_path):
     """The whole engine (the worker applies the platform's kernel overrides) on a Qwen3-MoE checkpoint: the kernel
     table's fused_moe is the prepacked one, and greedy tokens equal transformers' generate."""
     from conftest_models import make_checkpoint
-    from kernelcore.engine.llm import LLM
-    from kernelcore import SamplingParams
-    from kernelcore.kernels import kernel_table
     from test_models_parity import load_hf, random_tokens
+
+    from kernelcore import SamplingParams
+    from kernelcore.engine.llm import LLM
+    from kernelcore.kernels import kernel_table
 
     path = make_checkpoint("qwen3_moe", str(tmp_path / "moe"), norm_topk_prob=True)
     llm = LLM(path, max_num_batched_tokens=16)
@@ -57,7 +58,7 @@ def test_the_engine_serves_a_moe_model_through_it(tmp_path):
         assert kernel_table.get("fused_moe") is onednn_fused_moe
     llm.shutdown()
     hf = load_hf(path)
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                               pad_token_id=0)

@@ -36,13 +36,13 @@ def test_a_packed_run_computes_what_the_ctypes_calls_do(dtype):
     weight = torch.rand(96, generator=g).to(dtype) + 0.5
     by_ctypes = [torch.empty_like(x) for x in xs]
     by_c = [torch.empty_like(x) for x in xs]
-    for x, out in zip(xs, by_ctypes):
+    for x, out in zip(xs, by_ctypes, strict=True):
         rms_norm_call(x, weight, out, 1e-5)()
-    calls = [rms_norm_call(x, weight, out, 1e-5) for x, out in zip(xs, by_c)]
+    calls = [rms_norm_call(x, weight, out, 1e-5) for x, out in zip(xs, by_c, strict=True)]
     tape = CpuTape(list(calls), [], by_c[-1])
     assert len(tape.calls) == 1 and isinstance(tape.calls[0], _PackedRun)
     tape.replay()
-    for a, b in zip(by_ctypes, by_c):
+    for a, b in zip(by_ctypes, by_c, strict=True):
         assert torch.equal(a, b)
 
 

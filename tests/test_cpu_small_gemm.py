@@ -74,7 +74,8 @@ def test_every_option_matches_float64_reference(options, w_dtype, x_dtype):
     same product: one row (where the options change the walk), a few, and a batch of tiles."""
     g = torch.Generator().manual_seed(options)
     for rows in (1, 3, 13):
-        num_in, num_out = 8 * int(torch.randint(1, 120, (1,), generator=g)), int(torch.randint(1, 90, (1,), generator=g))
+        num_in, num_out = (8 * int(torch.randint(1, 120, (1,), generator=g)),
+                           int(torch.randint(1, 90, (1,), generator=g)))
         weight, scale = random_weight(num_out, num_in, w_dtype, g)
         bias = torch.randn(num_out, generator=g).to(x_dtype)
         x = torch.randn(rows, num_in, generator=g).to(x_dtype)
@@ -93,7 +94,8 @@ def test_leading_dims_and_fallbacks():
     y = kernel(x, weight)
     assert y.shape == (2, 3, 40)
     torch.testing.assert_close(y, x @ weight.T, rtol=1e-5, atol=1e-5)
-    assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.float32, torch.float32] + 1, 64), weight) is None  # oneDNN's
+    assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.float32, torch.float32] + 1, 64),
+                  weight) is None  # oneDNN's
     assert kernel(torch.randn(kernel.max_rows_by_dtype[torch.int8, torch.float32] + 1, 64), weight.to(torch.int8),
                   torch.ones(40)) is None  # prefill-sized int8: torch's path
     # float32 activations over int8 keep the native batches on every CPU (the bf16 GEMM serves bf16 ones only)
@@ -153,7 +155,8 @@ def test_unquantized_bf16_prefill_rows_match_fp32_reference():
     layer = _layer(torch.randn(48, 64, generator=g).bfloat16())
     method = OneDnnLinearMethod()
     method.process_weights_after_loading(layer)
-    x = torch.randn(kernel.max_rows_by_dtype[torch.bfloat16, torch.bfloat16] + 1, 64, generator=g).bfloat16()  # past the native kernel
+    # past the native kernel
+    x = torch.randn(kernel.max_rows_by_dtype[torch.bfloat16, torch.bfloat16] + 1, 64, generator=g).bfloat16()
     bias = torch.randn(48, generator=g).bfloat16()
     expected = (x.double() @ layer.weight.double().T + bias.double())
     magnitude = x.double().abs() @ layer.weight.double().abs().T + bias.double().abs()

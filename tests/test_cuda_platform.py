@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest_models import make_llama_checkpoint
 from helpers import run_python
 
@@ -53,7 +52,8 @@ print(config.parallel.worker_cls, config.model.dtype, config.custom_ops,
       torch.cuda.is_initialized())
 """).stdout.split()
     assert out == ["builtin_plugins.cuda.worker.CudaWorker", "bfloat16", "['all']",
-                   "builtin_plugins.cuda.attention.TritonAttentionBackend", "kernelcore.distributed.TorchDistCommunicator",
+                   "builtin_plugins.cuda.attention.TritonAttentionBackend",
+                   "kernelcore.distributed.TorchDistCommunicator",
                    "builtin_plugins.cuda.graphs.CudaGraphCaptureBackend", "False"]
 
 

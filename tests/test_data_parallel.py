@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from helpers import run_python
 
 

@@ -1,11 +1,12 @@
 import pytest
 
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.detokenizer import IncrementalDetokenizer
 from kernelcore.engine.output_processor import OutputProcessor
 from kernelcore.engine.outputs import EngineCoreOutput
-from kernelcore.core_types.sampling_params import SamplingParams
 
-PIECES = ["<eos>", "Hel", "lo", " wor", "ld", "!", " or", "gan", "ization", " \xe2", "\x82\xac", "x", "STOP", "ST", "OP"]
+PIECES = ["<eos>", "Hel", "lo", " wor", "ld", "!", " or", "gan", "ization", " \xe2", "\x82\xac", "x", "STOP", "ST",
+          "OP"]
 
 
 class ToyTokenizer:
@@ -113,14 +114,16 @@ def test_final_only_text_equals_the_streamed_text(stop):
 
     tok = get_tokenizer(ensure_default_model())
     prompt = tok("Say:", add_special_tokens=True)["input_ids"]
-    ids = tok("Hello world, the capital of France is Paris. Ünïcödé ✓ 中文 🙂 end.", add_special_tokens=False)["input_ids"]
+    ids = tok("Hello world, the capital of France is Paris. Ünïcödé ✓ 中文 🙂 end.",
+              add_special_tokens=False)["input_ids"]
     texts, aborts = {}, {}
     for kind in ("cumulative", "final_only"):
         proc = OutputProcessor(tok)
         proc.add_request("r", None, prompt, SamplingParams(output_kind=kind, stop=stop))
         seen, to_abort = [], []
         for i, t in enumerate(ids):
-            outs, abort = proc.process_outputs([EngineCoreOutput("r", [t], finish_reason="length" if i == len(ids) - 1 else None)])
+            outs, abort = proc.process_outputs(
+                [EngineCoreOutput("r", [t], finish_reason="length" if i == len(ids) - 1 else None)])
             assert proc.new_tokens == {"r": 1}  # what the front end times tokens by, with or without an output
             seen += outs
             to_abort += abort

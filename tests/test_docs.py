@@ -33,7 +33,8 @@ def test_every_hookspec_docstring_says_where_it_is_called():
 def test_hooks_md_is_exactly_the_generated_page():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gen_hooks_doc", os.path.join(DOCS, "..", "scripts", "gen_hooks_doc.py"))
+    spec = importlib.util.spec_from_file_location("gen_hooks_doc",
+                                                  os.path.join(DOCS, "..", "scripts", "gen_hooks_doc.py"))
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert open(os.path.join(DOCS, "hooks.md")).read() == gen.render(), \

@@ -2,7 +2,8 @@
 replica's engine core while 16 streams and 2 plain requests run costs them nothing but a pause (each carried to
 the other replica with its tokens and sampling state: the same text as an undisturbed run, greedy and seeded),
 /health stays 200 naming the lost replica, the metrics say which replica is down and count what was carried;
-losing the last replica fails what runs with the clear error, naming it, and /health turns 503. A killed tensor-parallel worker of one replica (DP=2 x TP=2) loses that replica only."""
+losing the last replica fails what runs with the clear error, naming it, and /health turns 503. A killed
+tensor-parallel worker of one replica (DP=2 x TP=2) loses that replica only."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-
 from test_server_e2e import server_log, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,7 @@ def test_a_killed_replica_costs_its_requests_nothing_and_the_last_one_fails_clea
     for i, (text, errors) in enumerate(streamed):
         assert not errors, errors
         assert text == reference[i], f"stream {i} differs from the undisturbed run"  # nothing repeated or dropped
-    for i, (status, answer) in zip(range(NUM_STREAMS, len(indexes)), plain_results):
+    for i, (status, answer) in zip(range(NUM_STREAMS, len(indexes)), plain_results, strict=True):
         assert status == 200, answer
         assert answer["choices"][0]["text"] == reference[i] and answer["usage"]["completion_tokens"] == MAX_TOKENS
 

@@ -5,10 +5,9 @@ and drops the remote replica when it dies or its link goes down, carrying its re
 import json
 import time
 
+import netns
 import psutil
 import pytest
-
-import netns
 from helpers import run_python
 from test_data_parallel import check_dp2_like_dp1, dp_script, metric
 

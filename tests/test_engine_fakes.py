@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from kernelcore.config import CacheConfig, KernelConfig, ModelConfig, SchedulerConfig
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.executor.uniproc import UniProcExecutor
 from kernelcore.executor.worker import WorkerBase
 
@@ -72,7 +72,8 @@ def make_config(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 
     return KernelConfig(model=ModelConfig(model="fake", max_model_len=max_model_len),
                         cache=CacheConfig(block_size=block_size, kv_cache_memory=num_blocks * block_size * 8,
                                           enable_prefix_caching=enable_prefix_caching),
-                        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+                        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                                  max_num_batched_tokens=max_num_batched_tokens),
                         custom_ops=["all"])
 
 

@@ -1,10 +1,10 @@
 import msgspec
+from test_engine_fakes import make_core, make_request
 
+from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.core_types.scheduler_output import SchedulerOutput
 from kernelcore.engine.outputs import EngineCoreOutputs, RequestOutput
 from kernelcore.engine.request import EngineCoreRequest
-from kernelcore.core_types.sampling_params import SamplingParams
-from test_engine_fakes import make_core, make_request
 
 
 def _roundtrip(obj, typ):
@@ -21,7 +21,8 @@ def test_messages_roundtrip_through_msgspec():
     while core.has_unfinished_requests():
         so = core.scheduler.schedule()
         _roundtrip(so, SchedulerOutput)
-        runner_output = core.executor.execute_model(msgspec.msgpack.decode(msgspec.msgpack.encode(so), type=SchedulerOutput))
+        runner_output = core.executor.execute_model(
+            msgspec.msgpack.decode(msgspec.msgpack.encode(so), type=SchedulerOutput))
         outputs = EngineCoreOutputs(core.scheduler.update_from_output(so, runner_output), core.scheduler.make_stats())
         encoded = msgspec.msgpack.encode(outputs)
         assert msgspec.msgpack.decode(encoded, type=EngineCoreOutputs).outputs == outputs.outputs
@@ -30,11 +31,13 @@ def test_messages_roundtrip_through_msgspec():
 def test_sampling_params_defaults_and_request_output_roundtrip():
     p = SamplingParams()
     assert (p.n, p.temperature, p.top_p, p.top_k, p.max_tokens) == (1, 1.0, 1.0, -1, 16)
-    assert msgspec.json.decode(msgspec.json.encode(SamplingParams(temperature=0, stop="a")), type=SamplingParams).stop == ["a"]
+    assert msgspec.json.decode(msgspec.json.encode(SamplingParams(temperature=0, stop="a")),
+                               type=SamplingParams).stop == ["a"]
     from kernelcore.engine.outputs import CompletionOutput, Logprob
 
     out = RequestOutput(request_id="1", prompt="hi", prompt_token_ids=[1], outputs=[CompletionOutput(
-        index=0, text="x", token_ids=[5], logprobs=[{5: Logprob(-0.1, 1, "x")}], finish_reason="length")], finished=True)
+        index=0, text="x", token_ids=[5], logprobs=[{5: Logprob(-0.1, 1, "x")}], finish_reason="length")],
+        finished=True)
     _roundtrip(out, RequestOutput)
 
 

@@ -4,7 +4,6 @@ register_executor_backends hook and are selected by name."""
 import json
 
 import pytest
-
 from helpers import run_kc, run_python
 
 

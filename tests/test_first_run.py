@@ -9,9 +9,8 @@ import shutil
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest_models import make_llama_checkpoint
+from prometheus_client.parser import text_string_to_metric_families
 from test_server_e2e import server_log, start_server, stop_server
 
 MAX_MODEL_LEN = 128
@@ -71,7 +70,8 @@ def test_too_long_prompt_is_a_400_without_transformers_length_warning(served):
     url, proc = served
     r = requests.post(url + "/v1/completions", json={"prompt": "hello world " * 1500, "max_tokens": 1}, timeout=60)
     assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"].lower()
-    r = requests.post(url + "/tokenize", json={"prompt": "hello world " * 1500}, timeout=60)  # encodes past the limit too
+    # encodes past the limit too
+    r = requests.post(url + "/tokenize", json={"prompt": "hello world " * 1500}, timeout=60)
     assert r.status_code in (200, 400)
     assert requests.get(url + "/health", timeout=30).status_code == 200
     assert "Token indices sequence length" not in server_log(proc)

@@ -12,8 +12,14 @@ from hypothesis import strategies as st
 
 from kernelcore.entrypoints.server.errors import APIError
 from kernelcore.entrypoints.server.jsonbody import decode_json
-from kernelcore.entrypoints.server.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, Limits, make_sampling_params,
-                                                    parse_chat_request, parse_completion_request)
+from kernelcore.entrypoints.server.protocol import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    Limits,
+    make_sampling_params,
+    parse_chat_request,
+    parse_completion_request,
+)
 
 VOCAB = 1000
 EXAMPLES = int(os.environ.get("KC_FUZZ_EXAMPLES", "300"))  # a longer soak: KC_FUZZ_EXAMPLES=20000

@@ -13,7 +13,6 @@ import os
 
 import pytest
 import torch
-
 from conftest_models import make_checkpoint, make_llama_checkpoint
 from gguf_helpers import add_tokenizer, write_gguf
 
@@ -71,10 +70,10 @@ def run(path: str, prompts: list[list[int]], max_tokens: int = 8, full_logprobs:
 
 
 def check_exact(outputs, prompts, model, abs_tol: float = 5e-4) -> None:
-    for output, tokens in zip(outputs, prompts):
+    for output, tokens in zip(outputs, prompts, strict=True):
         generated = list(output.outputs[0].token_ids)
         ref = ref_logprobs(model, tokens + generated)
-        ours = [entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], tokens[1:])]
+        ours = [entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], tokens[1:], strict=True)]
         expected = ref[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])].tolist()
         assert ours == pytest.approx(expected, abs=abs_tol)
         assert generated == ref[len(tokens) - 1:-1].argmax(-1).tolist()
@@ -134,7 +133,8 @@ def test_a_shard_that_would_cut_a_super_block_is_computed_in_float(tmp_path, tp)
     holds 384 values per row, which no whole number of blocks makes, so that layer is dequantized to float."""
     checkpoint = make_llama_checkpoint(str(tmp_path / "llama"), intermediate_size=768)
     add_tokenizer(checkpoint, 320)
-    path = write_gguf(checkpoint, str(tmp_path / "model.gguf"), "Q8_0", override_types={"blk.0.ffn_down.weight": "Q6_K"})
+    path = write_gguf(checkpoint, str(tmp_path / "model.gguf"), "Q8_0",
+                      override_types={"blk.0.ffn_down.weight": "Q6_K"})
     prompts = [prompt(9, 3), prompt(30, 4)]
     llm, outputs = run(path, prompts, tensor_parallel_size=tp)
     if tp == 1:
@@ -254,6 +254,7 @@ def test_the_cluster_fingerprint_of_a_gguf_file(files, tmp_path):
     from kernelcore.config_fingerprint import fingerprint, mismatches
 
     copy = shutil.copy(files["llama-Q8_0"], tmp_path / "copy.gguf")
-    q8, q8_copy, q4 = (fingerprint(build_config(model=str(p))) for p in (files["llama-Q8_0"], copy, files["llama-Q4_0"]))
+    q8, q8_copy, q4 = (fingerprint(build_config(model=str(p)))
+                       for p in (files["llama-Q8_0"], copy, files["llama-Q4_0"]))
     assert q8 == q8_copy and q8["quantization"] == "gguf"
     assert [m.split(" is ")[0] for m in mismatches(q8, q4, "host-b")] == ["model checkpoint"]

@@ -3,7 +3,6 @@ of random blocks and of real GGUF files' tensors, the reference linear, and gguf
 
 from __future__ import annotations
 
-
 import gguf
 import gguf.quants as gq
 import numpy as np

@@ -14,9 +14,8 @@ import os
 import sys
 
 import pytest
-import torch
-
 import real_models
+import torch
 
 smollm2_gguf = real_models.smollm2_gguf
 gemma3_gguf = real_models.gemma3_gguf

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import clean_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

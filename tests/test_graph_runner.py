@@ -1,7 +1,8 @@
 """Decode graphs on the CPU: the capture/replay bookkeeping of kernelcore.executor.graph_runner, driven by the
 test double of the kc_dummy_triton_interp plugin (capture keeps the callable, a replay re-runs it on the static
-buffers) and by the CPU platform's own kernel tapes (builtin_plugins/cpu/graphs.py). A graph runner and an eager runner load the same checkpoint and take the same steps; their logits
-and KV caches must agree for every batch size, padded or not, and steps a graph cannot take must fall back.
+buffers) and by the CPU platform's own kernel tapes (builtin_plugins/cpu/graphs.py). A graph runner and an
+eager runner load the same checkpoint and take the same steps; their logits and KV caches must agree for every
+batch size, padded or not, and steps a graph cannot take must fall back.
 
 With KC_TEST_DEVICE=cuda (benchmarks/gpu_check.sh) the same steps run on the GPU through the CUDA platform's
 real CUDA graphs instead of the double."""
@@ -11,12 +12,13 @@ import os
 
 import pytest
 import torch
-
 from conftest_models import make_llama_checkpoint, make_opt_checkpoint
+
 from kernelcore import hookimpl, plugins
 from kernelcore.config_builder import build_config
 from kernelcore.executor.graph_runner import GraphCaptureBackend, capture_sizes
-from kernelcore.executor.model_runner import ModelRunner, SeqBatchEntry as E
+from kernelcore.executor.model_runner import ModelRunner
+from kernelcore.executor.model_runner import SeqBatchEntry as E
 
 pytest.importorskip("kc_dummy_triton_interp", reason="bash scripts/test.sh installs the dummy plugins")
 
@@ -117,7 +119,7 @@ def test_padded_decode_graphs_match_eager_and_write_only_their_slots(graphs_plug
         run_both(graph, eager, seqs.decode(batch, step))
         assert runner.num_replays == getattr(runner.backend, "num_replays", step + 1) == step + 1
     # The scheduler's blocks hold the same keys and values: padded rows wrote only the spare block.
-    for got, want in zip(graph.kv_caches, eager.kv_caches):
+    for got, want in zip(graph.kv_caches, eager.kv_caches, strict=True):
         torch.testing.assert_close(got[:, :NUM_BLOCKS], want, **TOL)
 
 
@@ -272,7 +274,7 @@ def test_vendor_platform_generates_through_its_decode_graphs(tmp_path):
     assert graphs["graphs"]["backend"] == "rerun (test double)" and graphs["graphs"]["sizes"] == [1, 2, 4]
     assert graphs["graphs"]["replays"] >= 5  # every decode step of the three sequences (3 pads to 4)
     assert graphs["tokens"] == eager["tokens"] and all(len(t) == 6 for t in eager["tokens"])
-    for got, want in zip(graphs["logprobs"], eager["logprobs"]):
-        for g, w in zip(got, want):
+    for got, want in zip(graphs["logprobs"], eager["logprobs"], strict=True):
+        for g, w in zip(got, want, strict=True):
             assert g.keys() == w.keys()
             assert all(abs(g[k] - w[k]) < 1e-4 for k in g)

@@ -11,7 +11,6 @@ import time
 import psutil
 import pytest
 import requests
-
 from test_server_e2e import API_KEY, server_log, start_server, stop_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -65,7 +64,8 @@ def test_bodies_that_are_not_json_values(server):
         assert_error(send(server, path, raw=b'{"prompt": "\\ud800x"}'), 400, "surrogate")
         assert_error(send(server, path, raw=b'{"prompt": "hi", "temperature": NaN}'), 400)
         assert_error(send(server, path, raw=b'{"prompt": "hi", "top_k": 18446744073709551616}'), 400, "64-bit")
-    for body in ({"messages": [{"role": "user\ud800", "content": "x"}]}, {"messages": [{"role": "user", "content": "\udfff"}]}):
+    for body in ({"messages": [{"role": "user\ud800", "content": "x"}]},
+                 {"messages": [{"role": "user", "content": "\udfff"}]}):
         raw = json.dumps(body).encode()  # json.dumps escapes lone surrogates as \\udXXX
         assert_error(send(server, "/v1/chat/completions", raw=raw), 400, "surrogate")
         assert_error(send(server, "/tokenize", raw=raw), 400, "surrogate")
@@ -124,7 +124,8 @@ def test_authentication(server):
             assert_error(r, 401, "API key")
             assert r.headers["WWW-Authenticate"] == "Bearer"
     raw = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-    raw.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\x80\r\nConnection: close\r\n\r\n")
+    raw.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\x80\r\n"
+                b"Connection: close\r\n\r\n")
     assert raw.makefile("rb").readline().split()[1] == b"401"
     raw.close()
     for scheme in ("bearer", "BEARER", "Bearer "):
@@ -162,7 +163,7 @@ def test_event_loop_stays_live_while_a_huge_prompt_is_tokenized(server):
         done = threading.Event()
         reply: list[bytes] = []
 
-        def read_reply(sock=big) -> None:
+        def read_reply(sock=big, reply=reply, done=done) -> None:
             reply.append(sock.makefile("rb").read())
             done.set()
 

@@ -25,7 +25,8 @@ def load_example(hook: str):
     spec = importlib.util.spec_from_file_location(f"example_{hook}", os.path.join(EXAMPLES, f"{hook}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    platforms = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Platform) and v is not Platform]
+    platforms = [v for v in vars(module).values()
+                 if isinstance(v, type) and issubclass(v, Platform) and v is not Platform]
     plugin = platforms[0]() if platforms else module
     pm = pluggy.PluginManager("kernelcore")
     pm.add_hookspecs(hookspecs)
@@ -79,7 +80,8 @@ def test_validate_environ(monkeypatch):
 
 def test_selection_hooks():
     selector = AttentionSelector(head_size=64, num_heads=4, num_kv_heads=2, dtype="float32", block_size=16)
-    assert load_example("get_attn_backend_cls")(selector=selector) == "builtin_plugins.cpu.attention.CpuAttentionBackend"
+    assert (load_example("get_attn_backend_cls")(selector=selector)
+            == "builtin_plugins.cpu.attention.CpuAttentionBackend")
     assert load_example("get_device_communicator_cls")() == "kernelcore.distributed.TorchDistCommunicator"
 
 

@@ -9,8 +9,8 @@ import time
 
 import psutil
 import pytest
-
 from helpers import clean_env, run_python
+
 from kernelcore import hostproc
 
 TESTS_DIR = os.path.dirname(__file__)

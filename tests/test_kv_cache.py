@@ -1,6 +1,7 @@
+from test_engine_fakes import make_request
+
 from kernelcore.engine.kv_cache_manager import KVCacheManager
 from kernelcore.engine.request import Request
-from test_engine_fakes import make_request
 
 
 def _request(rid, prompt, **params):

@@ -12,7 +12,8 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     """Every node except those under ``if TYPE_CHECKING:`` (imports for annotations only)."""
-    skip = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+    skip = {id(n) for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
             for stmt in block.body for n in ast.walk(stmt)}
     return [n for n in ast.walk(tree) if id(n) not in skip]
 
@@ -32,7 +33,8 @@ def imported_modules(package_dir: str) -> dict[str, set[str]]:
                     names |= {f"{node.module}.{a.name}" for a in node.names}
                 elif isinstance(node, ast.Import):
                     names |= {a.name for a in node.names}
-            found[os.path.relpath(path, ROOT)] = {n for n in names if n.split(".")[0] in ("kernelcore", "builtin_plugins")}
+            found[os.path.relpath(path, ROOT)] = {n for n in names
+                                                  if n.split(".")[0] in ("kernelcore", "builtin_plugins")}
     return found
 
 

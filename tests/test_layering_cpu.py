@@ -68,7 +68,8 @@ def test_every_module_is_placed_in_a_layer():
 
 def upward(graph: dict[str, set[str]]) -> list[str]:
     return [f"{module} (layer {LAYERS[module]}) imports {target} (layer {LAYERS[target]})"
-            for module, targets in sorted(graph.items()) for target in sorted(targets) if LAYERS[target] > LAYERS[module]]
+            for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if LAYERS[target] > LAYERS[module]]
 
 
 def test_no_module_imports_a_higher_layer():

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from conftest_models import make_checkpoint, make_llama_checkpoint, make_opt_checkpoint
 
-PROMPTS = [[5, 9, 11, 3, 7, 8, 100, 200, 17], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58]]
+PROMPTS = [[5, 9, 11, 3, 7, 8, 100, 200, 17],
+           [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58]]
 
 
 def run_steps(path: str) -> torch.Tensor:
@@ -23,11 +23,12 @@ def run_steps(path: str) -> torch.Tensor:
     runner.load_model()
     runner.allocate_kv_cache(8)
     tables = [[0, 1], [2, 3]]
-    logits = runner.execute([SeqBatchEntry(p, 0, t, num_logits=len(p)) for p, t in zip(PROMPTS, tables)])
+    logits = runner.execute([SeqBatchEntry(p, 0, t, num_logits=len(p)) for p, t in zip(PROMPTS, tables, strict=True)])
     rows, lens = [logits], [len(p) for p in PROMPTS]
     next_tokens = [logits[len(PROMPTS[0]) - 1].argmax().item(), logits[-1].argmax().item()]
     for _ in range(4):
-        logits = runner.execute([SeqBatchEntry([tok], n, t) for tok, n, t in zip(next_tokens, lens, tables)])
+        logits = runner.execute([SeqBatchEntry([tok], n, t)
+                                 for tok, n, t in zip(next_tokens, lens, tables, strict=True)])
         rows.append(logits)
         next_tokens, lens = logits.argmax(-1).tolist(), [n + 1 for n in lens]
     return torch.cat(rows)
@@ -48,8 +49,13 @@ def gloo_threads() -> list[str]:
 def _worker(rank: int, world_size: int, store: str, path: str, out: str) -> None:
     import torch.distributed as dist
 
-    from kernelcore.distributed import (TorchDistCommunicator, get_tp_group, init_distributed,
-                                        make_device_communicator, set_tp_group)
+    from kernelcore.distributed import (
+        TorchDistCommunicator,
+        get_tp_group,
+        init_distributed,
+        make_device_communicator,
+        set_tp_group,
+    )
 
     torch.set_num_threads(1)
     init_distributed(world_size, rank, f"file://{store}", "gloo")  # as the CPU worker joins its group

@@ -12,10 +12,10 @@ import subprocess
 import threading
 import time
 
-import pytest
-
 import linkemu
 import netns
+import pytest
+
 from builtin_plugins.executors.cluster import HEARTBEAT_TIMEOUT  # 10 s: the head and each node
 
 pytestmark = pytest.mark.skipif((netns.skip_reason() or linkemu.skip_reason()) is not None,

@@ -1,7 +1,7 @@
 import pytest
 import torch
-
 from conftest_models import make_llama_checkpoint
+
 from kernelcore import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -71,10 +71,10 @@ def test_logprobs_and_prompt_logprobs(llm):
                        use_tqdm=False)[0]
     c = out.outputs[0]
     assert len(c.logprobs) == 4
-    for token_id, d in zip(c.token_ids, c.logprobs):
+    for token_id, d in zip(c.token_ids, c.logprobs, strict=True):
         assert d[token_id].rank == 1 and len(d) == 3
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == 5
-    for token_id, d in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
+    for token_id, d in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:], strict=True):
         assert token_id in d and 2 <= len(d) <= 3
 
 
@@ -90,9 +90,9 @@ def test_greedy_matches_transformers(llama_path):
     llm = LLM(llama_path, kv_cache_memory=4 << 20, block_size=8, max_num_batched_tokens=32)
     hf = LlamaForCausalLM.from_pretrained(llama_path).eval()
     prompts = [[1, 5, 9, 13, 200, 7], [1, 50, 60], list(range(3, 60))]
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-                        use_tqdm=False)
-    for p, o in zip(prompts, outs):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    for p, o in zip(prompts, outs, strict=True):
         ref = hf.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert o.outputs[0].token_ids == ref[0, len(p):].tolist()
 
@@ -121,6 +121,6 @@ def test_prefix_cache_hit_matches_miss(llama_path):
     assert llm.engine_core.scheduler.kv.num_hits - hits_before == 40
     assert hit.num_cached_tokens == 40
     assert hit.outputs[0].token_ids == miss.outputs[0].token_ids
-    for a, b in zip(hit.outputs[0].logprobs, miss.outputs[0].logprobs):
+    for a, b in zip(hit.outputs[0].logprobs, miss.outputs[0].logprobs, strict=True):
         assert a.keys() == b.keys()
         assert all(abs(a[k].logprob - b[k].logprob) < 1e-4 for k in a)

@@ -7,9 +7,8 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest_models import make_llama_checkpoint, make_opt_checkpoint
+from safetensors.torch import load_file, save_file
 from test_models_parity import load_hf, make_runner
 
 
@@ -142,6 +141,7 @@ def test_cpu_runner_reuses_one_float32_buffer_for_low_precision_logits(tmp_path)
     logits = torch.randn(3, runner.vocab_size + 8).to(torch.bfloat16)  # a padded vocabulary
     first = runner.logits_to_float32(logits)
     again = runner.logits_to_float32(logits[:2])
-    assert first.dtype == torch.float32 and first.shape == (3, runner.vocab_size) and again.data_ptr() == first.data_ptr()
+    assert (first.dtype == torch.float32 and first.shape == (3, runner.vocab_size)
+            and again.data_ptr() == first.data_ptr())
     torch.testing.assert_close(again, plain.logits_to_float32(logits[:2]), atol=0, rtol=0)
     assert runner.logits_to_float32(torch.randn(5, runner.vocab_size).bfloat16()).data_ptr() != first.data_ptr()

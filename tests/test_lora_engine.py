@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-
 from conftest_models import make_llama_checkpoint, make_opt_checkpoint
 from helpers import run_python
 from lora_helpers import make_peft_adapter, peft_logits
@@ -68,7 +67,7 @@ def test_prompt_logprobs_match_peft_in_a_mixed_batch(models, arch, tp):
     prompts = [random_tokens(n, seed=n) for n in (37, 20, 45, 29)]
     lora_ids = [1, 0, 2, 1]
     ours = engine_prompt_logprobs(base, adapters, prompts, lora_ids, tp)
-    for i, (prompt, lora_id) in enumerate(zip(prompts, lora_ids)):
+    for i, (prompt, lora_id) in enumerate(zip(prompts, lora_ids, strict=True)):
         ref = reference_prompt_logprobs(base, adapters[lora_id - 1] if lora_id else None, prompt)
         assert ours[str(i)] == pytest.approx(ref, abs=5e-4), f"request {i} (lora {lora_id})"
 
@@ -85,8 +84,8 @@ def _scheduler(max_loras: int = 2):
 
 
 def _request(request_id: str, lora_id: int, prompt: list[int] | None = None):
-    from kernelcore.engine.request import EngineCoreRequest
     from kernelcore.core_types.sampling_params import SamplingParams
+    from kernelcore.engine.request import EngineCoreRequest
 
     return EngineCoreRequest(request_id=request_id, prompt_token_ids=prompt or [5, 6, 7, 8], lora_id=lora_id,
                              sampling_params=SamplingParams(max_tokens=4, ignore_eos=True))
@@ -136,8 +135,8 @@ def test_offline_llm_takes_a_lora_request_per_prompt(models):
     loras = [LoRARequest("first", 7, adapters[0]), None]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False, lora_request=loras)
-    for output, prompt, lora in zip(outputs, prompts, loras):
-        ours = [entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], prompt[1:])]
+    for output, prompt, lora in zip(outputs, prompts, loras, strict=True):
+        ours = [entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], prompt[1:], strict=True)]
         ref = reference_prompt_logprobs(base, lora.path if lora else None, prompt)
         assert ours == pytest.approx(ref, abs=5e-4)
     llm.shutdown()

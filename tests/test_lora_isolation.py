@@ -10,11 +10,10 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest_models import make_llama_checkpoint
 from helpers import run_python
 from lora_helpers import make_bad_shape_adapter, make_peft_adapter, make_pickle_payload_adapter
+from safetensors.torch import load_file, save_file
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +137,10 @@ def test_bad_adapter_fails_alone_and_the_engine_keeps_serving(dirs, tmp_path, tp
 
     refused = out["refused"]
     assert set(refused) == {"bad-shape", "bad-shape-a", "pickle"}
-    assert "k_proj" in refused["bad-shape"] and "lora_B has shape (64, 8), the model needs (32, 8)" in refused["bad-shape"]
-    assert "o_proj" in refused["bad-shape-a"] and "lora_A has shape (8, 128), the model needs (8, 64)" in refused["bad-shape-a"]
+    assert ("k_proj" in refused["bad-shape"]
+            and "lora_B has shape (64, 8), the model needs (32, 8)" in refused["bad-shape"])
+    assert ("o_proj" in refused["bad-shape-a"]
+            and "lora_A has shape (8, 128), the model needs (8, 64)" in refused["bad-shape-a"])
     assert "adapter_model.bin" in refused["pickle"] and not marker.exists()
     assert not any(str(dirs["root"]) in m or str(tmp_path) in m for m in refused.values())
 
@@ -162,8 +163,8 @@ def test_bad_adapter_fails_alone_and_the_engine_keeps_serving(dirs, tmp_path, tp
 def test_scheduler_fails_left_out_requests_alone_and_frees_their_blocks():
     from kernelcore.config import KernelConfig, LoraConfig, ModelConfig
     from kernelcore.core_types.runner_output import ModelRunnerOutput
-    from kernelcore.engine.request import EngineCoreRequest
     from kernelcore.core_types.sampling_params import SamplingParams
+    from kernelcore.engine.request import EngineCoreRequest
     from kernelcore.engine.scheduler import Scheduler
 
     config = KernelConfig(model=ModelConfig(max_model_len=256), lora=LoraConfig(enable_lora=True, max_loras=2))

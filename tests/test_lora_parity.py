@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 from functools import partial
 
+import pytest
+import torch
 from conftest_models import make_checkpoint, make_llama_checkpoint, make_opt_checkpoint
 from lora_helpers import make_peft_adapter, peft_logits
 from test_models_parity import BlockAllocator, random_tokens
@@ -52,7 +51,7 @@ def run_chunked(runner, seqs: list[list[int]], lora_ids: list[int], chunk: int =
     tables = [[] for _ in seqs]
     done = [0] * len(seqs)
     out = [[] for _ in seqs]
-    while any(d < len(s) for d, s in zip(done, seqs)):
+    while any(d < len(s) for d, s in zip(done, seqs, strict=True)):
         entries, owners = [], []
         for i, seq in enumerate(seqs):
             if done[i] < len(seq):
@@ -62,7 +61,7 @@ def run_chunked(runner, seqs: list[list[int]], lora_ids: list[int], chunk: int =
                 owners.append(i)
         logits = runner.execute(entries)
         row = 0
-        for i, entry in zip(owners, entries):
+        for i, entry in zip(owners, entries, strict=True):
             out[i].append(logits[row:row + entry.num_logits])
             row += entry.num_logits
             done[i] += len(entry.token_ids)
@@ -78,9 +77,9 @@ def test_mixed_batch_matches_peft_and_base(models, arch):
     seqs = [random_tokens(n, seed=n) for n in (21, 9, 30, 17)]
     lora_ids = [10, 0, 11, 12]
     ours = run_chunked(runner, seqs, lora_ids)
-    refs = [peft_logits(base, adapters[i - 10] if i else None, s) for s, i in zip(seqs, lora_ids)]
+    refs = [peft_logits(base, adapters[i - 10] if i else None, s) for s, i in zip(seqs, lora_ids, strict=True)]
     base_refs = [peft_logits(base, None, s) for s in seqs]
-    for mine, ref, base_ref, lora_id in zip(ours, refs, base_refs, lora_ids):
+    for mine, ref, base_ref, lora_id in zip(ours, refs, base_refs, lora_ids, strict=True):
         torch.testing.assert_close(mine, ref, atol=3e-4, rtol=1e-4)
         if lora_id:
             assert (mine - base_ref).abs().max() > 1e-2  # the adapter changes the logits

@@ -10,8 +10,15 @@ import time
 import pytest
 
 from kernelcore.lora.adapter import LoRAAdapterError, LoRANotFoundError, check_adapter_config, read_adapter_config
-from kernelcore.lora.resolver import (LoRAPathError, LoRAResolverError, LoRAResolverRegistry, build_registry,
-                                      child_of, confine, resolve)
+from kernelcore.lora.resolver import (
+    LoRAPathError,
+    LoRAResolverError,
+    LoRAResolverRegistry,
+    build_registry,
+    child_of,
+    confine,
+    resolve,
+)
 
 
 def fake_adapter(path) -> str:

@@ -9,7 +9,6 @@ import os
 import aiohttp
 import pytest
 import requests
-
 from conftest_models import make_llama_checkpoint
 from lora_helpers import make_peft_adapter
 from test_server_e2e import start_server, stop_server
@@ -35,7 +34,8 @@ def dirs(tmp_path_factory):
 
 def _serve(dirs, *extra: str, runtime: bool = True):
     args = [dirs["base"], "--enable-lora", "--max-loras", "2", "--max-cpu-loras", "2", "--max-lora-rank", "8",
-            "--kv-cache-memory", "16MiB", "--skip-tokenizer-init", "--lora-modules", f"static={dirs['adapters']}/a0", *extra]
+            "--kv-cache-memory", "16MiB", "--skip-tokenizer-init", "--lora-modules", f"static={dirs['adapters']}/a0",
+            *extra]
     if runtime:
         args += ["--allow-runtime-lora-updating", "--lora-root", dirs["adapters"]]
     env_dir = {"KC_LORA_RESOLVER_DIR": dirs["resolvable"]}

@@ -14,7 +14,6 @@ import sys
 import aiohttp
 import pytest
 import requests
-
 from conftest_models import make_llama_checkpoint
 from helpers import clean_env
 from lora_helpers import make_bad_shape_adapter, make_peft_adapter, make_pickle_payload_adapter
@@ -42,7 +41,8 @@ def dirs(tmp_path_factory):
 
 def _lora_args(dirs) -> list[str]:
     return [dirs["base"], "--enable-lora", "--max-loras", "2", "--max-cpu-loras", "2", "--max-lora-rank", "8",
-            "--kv-cache-memory", "16MiB", "--skip-tokenizer-init", "--allow-runtime-lora-updating", "--lora-root", dirs["adapters"]]
+            "--kv-cache-memory", "16MiB", "--skip-tokenizer-init", "--allow-runtime-lora-updating", "--lora-root",
+            dirs["adapters"]]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])

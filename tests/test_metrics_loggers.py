@@ -4,8 +4,8 @@ import json
 import os
 
 import pytest
-
 from helpers import run_python
+
 from kernelcore.metrics import StatLoggerBase, validate_stat_loggers
 from kernelcore.metrics.logging_logger import LoggingStatLogger
 from kernelcore.metrics.stats import EngineStats

@@ -18,11 +18,11 @@ import sys
 import zipfile
 
 import pytest
+import real_models
 from click.testing import CliRunner
+from real_models import not_downloaded
 
 from kernelcore import model_fetch
-import real_models
-from real_models import not_downloaded
 
 SMOLLM2 = "smollm2-135m-instruct-q4_1"
 GEMMA3 = "gemma-3-270m-q4_k_m"

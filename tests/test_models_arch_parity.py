@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest_models import make_checkpoint
-from test_models_parity import (CUSTOM_OPS, check_chunked_prefill_and_decode, check_greedy_matches_generate,
-                                make_runner)
+from test_models_parity import CUSTOM_OPS, check_chunked_prefill_and_decode, check_greedy_matches_generate, make_runner
 
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
             "short_factor": [1.0, 1.3, 1.9, 2.5], "long_factor": [1.5, 2.8, 4.0, 7.5]}
@@ -30,10 +28,10 @@ VARIANTS = {
                                          "rope_parameters": LONGROPE | {"original_max_position_embeddings": 16}}),
     # local and global layers with their own rope (the global one scaled), q/k norm, a query scale that is not
     # head_dim ** -0.5, soft-capped logits; the window (12) is shorter than the prompts
-    "gemma3-interleaved-softcap": ("gemma3", {"num_hidden_layers": 3, "sliding_window": 12, "tie_word_embeddings": True,
-                                              "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-                                              "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
-                                              "rope_parameters": GEMMA_ROPE}),
+    "gemma3-interleaved-softcap": ("gemma3", {
+        "num_hidden_layers": 3, "sliding_window": 12, "tie_word_embeddings": True,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0, "rope_parameters": GEMMA_ROPE}),
     # 8 experts, top-2 renormalised; a dense MLP layer between sparse ones (decoder_sparse_step 2)
     "qwen3moe-norm-topk-sparse-step": ("qwen3_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2,
                                                       "num_hidden_layers": 3, "intermediate_size": 96}),
@@ -84,9 +82,10 @@ def test_greedy_tokens_match_transformers_generate(checkpoints, variant):
 def test_sliding_window_engine_frees_blocks_and_matches_generate(checkpoints):
     """The whole engine on Mistral (window 12, blocks of 4): prompts longer than the window, 40 tokens past
     it, greedy tokens equal to transformers, and every block wholly behind a request's window freed."""
-    from kernelcore.engine.llm import LLM
-    from kernelcore.core_types.sampling_params import SamplingParams
     from test_models_parity import load_hf, random_tokens
+
+    from kernelcore.core_types.sampling_params import SamplingParams
+    from kernelcore.engine.llm import LLM
 
     path = checkpoints["mistral-window12"]
     block_bytes = 2 * 2 * 4 * 2 * 16 * 4  # layers * (k, v) * block size * kv heads * head size * fp32
@@ -96,7 +95,7 @@ def test_sliding_window_engine_frees_blocks_and_matches_generate(checkpoints):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
     hf = load_hf(path)
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None,
                               pad_token_id=0)

@@ -30,7 +30,8 @@ def test_default_model_is_a_loadable_hf_checkpoint_with_tokenizer_and_chat_templ
     assert not errors and paths[0] == paths[1] == str(tmp_path / "default-model-v1")
     path = paths[0]
     assert sorted(os.listdir(tmp_path)) == ["default-model-v1"]  # no temp dirs left behind
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json"):
         assert os.path.isfile(os.path.join(path, name)), name
     assert ensure_default_model() == path
 

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from helpers import run_python
 
 
@@ -21,7 +20,8 @@ def test_oot_platform_gives_transformers_logits_and_greedy_tokens(family, tmp_pa
         hf = AutoModelForCausalLM.from_pretrained({path!r}).eval()
         prompts = [[1, 5, 9, 13, 200, 7], list(range(3, 40))]
         outs = llm.generate([{{"prompt_token_ids": p}} for p in prompts],
-                            SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0, prompt_logprobs=0),
+                            SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0,
+                                           prompt_logprobs=0),
                             use_tqdm=False)
         same_tokens, max_diff = True, 0.0
         for p, o in zip(prompts, outs):
@@ -32,7 +32,8 @@ def test_oot_platform_gives_transformers_logits_and_greedy_tokens(family, tmp_pa
             for i, entry in enumerate(o.prompt_logprobs[1:]):
                 max_diff = max(max_diff, abs(entry[p[i + 1]].logprob - ref_lp[i, p[i + 1]].item()))
         ops = {{type(m).__name__: m.forward_method_name
-               for m in llm.engine_core.executor.worker.model_runner.model.modules() if hasattr(m, "forward_method_name")}}
+               for m in llm.engine_core.executor.worker.model_runner.model.modules()
+               if hasattr(m, "forward_method_name")}}
         print(json.dumps(dict(platform=current_platform.device_name, same=same_tokens, diff=max_diff, ops=ops)))
     """, KC_DUMMY_DEVICE="1")
     result = json.loads(out.stdout.strip().splitlines()[-1])

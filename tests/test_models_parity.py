@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-
 from conftest_models import make_llama_checkpoint, make_opt_checkpoint
 
 BLOCK_SIZE = 16
@@ -91,19 +90,20 @@ def check_chunked_prefill_and_decode(path: str, ops: list[str], runner=None, ato
     tables = [[] for _ in seqs]
     num_computed = [0] * len(seqs)
     step = 0
-    while any(c < len(s) for c, s in zip(num_computed, seqs)):
+    while any(c < len(s) for c, s in zip(num_computed, seqs, strict=True)):
         entries, owners = [], []
         for i, seq in enumerate(seqs):
             if i > step or num_computed[i] >= len(seq):  # staggered starts: decodes mix with prefill chunks
                 continue
             start = num_computed[i]
             end = min(start + chunk_sizes[i], prompt_lens[i]) if start < prompt_lens[i] else start + 1
-            entries.append(SeqBatchEntry(seq[start:end], start, allocator.cover(tables[i], end), num_logits=end - start))
+            entries.append(SeqBatchEntry(seq[start:end], start, allocator.cover(tables[i], end),
+                                         num_logits=end - start))
             owners.append(i)
         logits = runner.execute(entries)
         assert logits.dtype == torch.float32 and logits.shape == (sum(e.num_logits for e in entries), runner.vocab_size)
         row = 0
-        for i, entry in zip(owners, entries):
+        for i, entry in zip(owners, entries, strict=True):
             start, n = entry.num_computed_tokens, len(entry.token_ids)
             torch.testing.assert_close(logits[row:row + n], refs[i][start:start + n], atol=atol, rtol=1e-4)
             row += n
@@ -118,7 +118,7 @@ def greedy_kernelcore(runner, prompts: list[list[int]], max_new_tokens: int, chu
     tables = [[] for _ in prompts]
     tokens = [list(p) for p in prompts]
     num_computed = [0] * len(prompts)
-    while any(len(t) - len(p) < max_new_tokens for t, p in zip(tokens, prompts)):
+    while any(len(t) - len(p) < max_new_tokens for t, p in zip(tokens, prompts, strict=True)):
         entries, owners = [], []
         for i, seq in enumerate(tokens):
             if len(seq) - len(prompts[i]) >= max_new_tokens:
@@ -130,12 +130,12 @@ def greedy_kernelcore(runner, prompts: list[list[int]], max_new_tokens: int, chu
             owners.append(i)
         logits = runner.execute(entries)
         next_tokens = logits.argmax(-1).tolist()
-        for i, entry in zip(owners, entries):
+        for i, entry in zip(owners, entries, strict=True):
             num_computed[i] += len(entry.token_ids)
             if entry.num_logits:
                 tokens[i].append(next_tokens.pop(0))
         assert not next_tokens
-    return [t[len(p):] for t, p in zip(tokens, prompts)]
+    return [t[len(p):] for t, p in zip(tokens, prompts, strict=True)]
 
 
 @pytest.mark.parametrize("ops", CUSTOM_OPS.values(), ids=CUSTOM_OPS.keys())
@@ -150,7 +150,7 @@ def check_greedy_matches_generate(runner, path: str, prompt_lens=(3, 11, 30)) ->
     prompts = [random_tokens(n, seed=10 + n) for n in prompt_lens]
     ours = greedy_kernelcore(runner, prompts, max_new_tokens=64)
     eos = hf.config.eos_token_id
-    for prompt, got in zip(prompts, ours):
+    for prompt, got in zip(prompts, ours, strict=True):
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                               max_new_tokens=64, do_sample=False, pad_token_id=eos)

@@ -4,10 +4,9 @@ a mismatched node, a dead node and a dead head are each reported (host and rank 
 import json
 import signal
 
+import netns
 import psutil
 import pytest
-
-import netns
 from helpers import run_python
 
 pytestmark = pytest.mark.skipif(netns.skip_reason() is not None, reason=str(netns.skip_reason()))
@@ -107,7 +106,7 @@ def test_parallel_across_two_hosts_matches_one_process(model, tp, pp, llama_dir,
     _check_trace_hosts(trace, hosts, tp * pp)
     assert tokens_1 == tokens_2 and all(len(t) == 16 for t in tokens_1.values())
     for rid in logprobs_1:
-        for a, b in zip(logprobs_1[rid], logprobs_2[rid]):
+        for a, b in zip(logprobs_1[rid], logprobs_2[rid], strict=False):
             assert a == pytest.approx(b, abs=2e-4)
 
 

@@ -8,10 +8,9 @@ import subprocess
 import threading
 import time
 
+import netns
 import psutil
 import pytest
-
-import netns
 from helpers import run_python
 
 pytestmark = [pytest.mark.skipif(netns.skip_reason() is not None, reason=str(netns.skip_reason())),
@@ -116,7 +115,8 @@ def test_losing_the_headless_host_is_a_503_and_an_error_for_the_request_in_fligh
     client_out = Drained(client.stdout)
     client_out.wait_for("STREAMING")
     head_children, node_children = netns.kc_family(head), netns.kc_family(node)
-    assert len(head_children) == 2 and len(node_children) == 1, (head_children, node_children)  # core+worker-0 | worker-1
+    # core+worker-0 | worker-1
+    assert len(head_children) == 2 and len(node_children) == 1, (head_children, node_children)
     started = time.monotonic()
     if failure == "kill-remote-worker":
         psutil.Process(node_children[0]).kill()

@@ -4,7 +4,6 @@ and top-5 logprobs as one process."""
 import json
 
 import pytest
-
 from helpers import run_python
 from test_multinode import greedy_script
 
@@ -25,7 +24,7 @@ def assert_same(reference, result):
     (tokens_1, logprobs_1), (tokens_2, logprobs_2) = reference, result
     assert tokens_1 == tokens_2 and all(len(t) == 16 for t in tokens_1.values())
     for rid in logprobs_1:
-        for a, b in zip(logprobs_1[rid], logprobs_2[rid]):
+        for a, b in zip(logprobs_1[rid], logprobs_2[rid], strict=True):
             assert a == pytest.approx(b, abs=2e-4)
 
 

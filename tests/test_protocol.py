@@ -5,8 +5,13 @@ import logging
 import pytest
 
 from kernelcore.entrypoints.server.errors import APIError
-from kernelcore.entrypoints.server.protocol import (Limits, check_length, make_sampling_params, parse_chat_request,
-                                                    parse_completion_request)
+from kernelcore.entrypoints.server.protocol import (
+    Limits,
+    check_length,
+    make_sampling_params,
+    parse_chat_request,
+    parse_completion_request,
+)
 
 VOCAB = 1000
 MSGS = [{"role": "user", "content": "hi"}]
@@ -47,7 +52,8 @@ def test_bad_prompts(prompt):
 
 def test_exact_messages():
     assert error(completion, prompt=[1, VOCAB]).message == f"Token id {VOCAB} is out of vocabulary (vocab size {VOCAB})"
-    assert error(completion, logprobs=21).message == "Requested sample logprobs of 21, which is greater than max allowed: 20"
+    assert error(completion, logprobs=21).message == (
+        "Requested sample logprobs of 21, which is greater than max allowed: 20")
     assert "greater than max allowed: 20" in error(chat, logprobs=True, top_logprobs=30).message
     assert error(chat, top_logprobs=2).message == "when using `top_logprobs`, `logprobs` must be set to true."
     assert error(chat, stream_options={"include_usage": None}).message == (

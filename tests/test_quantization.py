@@ -13,7 +13,6 @@ import shutil
 
 import pytest
 import torch
-
 from conftest_models import make_llama_checkpoint, make_opt_checkpoint
 from lora_helpers import make_peft_adapter
 
@@ -70,10 +69,10 @@ def models(tmp_path_factory):
 
 
 def check_against_reference(outputs, prompts, reference: str, adapter: str | None = None) -> None:
-    for output, tokens in zip(outputs, prompts):
+    for output, tokens in zip(outputs, prompts, strict=True):
         generated = list(output.outputs[0].token_ids)
         ref = hf_logprobs(reference, tokens + generated, adapter)
-        ours = [entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], tokens[1:])]
+        ours = [entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], tokens[1:], strict=True)]
         expected = ref[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])].tolist()
         assert ours == pytest.approx(expected, abs=5e-4)
         # Greedy: each generated token is the reference's argmax at its position.
@@ -187,7 +186,7 @@ def test_a_vendor_plugin_adds_a_method_through_its_entry_point(models):
     for method in (None, "dummy_fp16"):
         llm = LLM(base, quantization=method, kv_cache_memory=1 << 24)
         [o] = llm.generate([{"prompt_token_ids": tokens}], params, use_tqdm=False)
-        out[method] = [entry[t].logprob for entry, t in zip(o.prompt_logprobs[1:], tokens[1:])]
+        out[method] = [entry[t].logprob for entry, t in zip(o.prompt_logprobs[1:], tokens[1:], strict=True)]
         if method:
             assert llm.engine_core.executor.worker.model_runner.model.lm_head.weight.dtype == torch.float16
         llm.shutdown()

@@ -34,7 +34,8 @@ def test_lazy_entry_is_imported_on_demand_and_info_cached():
     assert registry.is_imported("Reg") and registry.inspect("Reg") is info
 
 
-@pytest.mark.parametrize("arch,target,exc", [("", FakeModel, TypeError), ("A", "nocolon", ValueError), ("A", 3, TypeError)])
+@pytest.mark.parametrize("arch,target,exc",
+                         [("", FakeModel, TypeError), ("A", "nocolon", ValueError), ("A", 3, TypeError)])
 def test_bad_registrations(arch, target, exc):
     with pytest.raises(exc):
         ModelRegistry().register_model(arch, target)

@@ -64,4 +64,5 @@ def test_a_request_resumed_with_its_tokens_continues_as_the_undisturbed_one():
             assert same and same_reason, f"{name} resumed after {k} tokens differs"
             assert num_prompt_logprobs == 0, name
     assert result["greedy-penalties"]["num"] == result["seeded"]["num"] == 40  # max_tokens counts carried tokens
-    assert result["min-tokens"]["num"] >= 30 and result["min-tokens"]["prompt_logprobs"] == 7  # one per prompt token after the first
+    # prompt_logprobs: one per prompt token after the first
+    assert result["min-tokens"]["num"] >= 30 and result["min-tokens"]["prompt_logprobs"] == 7

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-
 import real_models
 from helpers import clean_env, run_kc
+
 from kernelcore.entrypoints.batch_file import BatchRequest, LineError, parse_lines
 
 pytestmark = pytest.mark.slow

@@ -1,8 +1,8 @@
 import torch
-
-from kernelcore.executor.sampler import Sampler, build_metadata
-from kernelcore.core_types.sampling_params import SamplingParams
 from test_engine_fakes import make_core, make_request, run_to_completion
+
+from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.executor.sampler import Sampler, build_metadata
 
 V = 50
 
@@ -116,15 +116,16 @@ def test_params_validation():
     import pytest
 
     for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(min_p=2), dict(n=0), dict(max_tokens=0),
-                dict(min_tokens=5, max_tokens=2), dict(presence_penalty=3), dict(repetition_penalty=0), dict(seed=2**64)):
+                dict(min_tokens=5, max_tokens=2), dict(presence_penalty=3), dict(repetition_penalty=0),
+                dict(seed=2**64)):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert SamplingParams(stop="x").stop == ["x"]
 
 
 def test_logit_bias_forces_and_bans_and_allowed_token_ids_restrict():
-    from kernelcore.executor.sampler import Sampler, build_metadata
     from kernelcore.core_types.sampling_params import SamplingParams
+    from kernelcore.executor.sampler import Sampler, build_metadata
 
     torch.manual_seed(0)
     logits = torch.randn(3, 50)

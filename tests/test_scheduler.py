@@ -1,9 +1,9 @@
 import random
 
 import pytest
+from test_engine_fakes import make_core, make_request, reference_greedy, run_to_completion
 
 from kernelcore.engine.scheduler import RequestRejected
-from test_engine_fakes import make_core, make_request, reference_greedy, run_to_completion
 
 
 def _prompt(rng, n):
@@ -53,7 +53,7 @@ def test_no_block_leaks_after_random_finish_abort_preempt(seed):
     rng = random.Random(seed)
     core = make_core(num_blocks=20, block_size=4, max_num_batched_tokens=16, max_num_seqs=6)
     next_id, live = 0, set()
-    for step in range(300):
+    for _ in range(300):
         if rng.random() < 0.3:
             rid = f"r{next_id}"
             next_id += 1

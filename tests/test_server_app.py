@@ -29,7 +29,8 @@ class FakeEngine:
                 raise RuntimeError("boom in the engine")
             await asyncio.sleep(0)
             finished = step == sampling_params.max_tokens
-            yield RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids, finished=finished,
+            yield RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
+                                finished=finished,
                                 outputs=[CompletionOutput(index=0, text="a" * step, token_ids=[1] * step,
                                                           finish_reason="length" if finished else None)])
 
@@ -173,7 +174,8 @@ def test_stream_error_before_first_output_is_plain_json():
     engine = FakeEngine(fail_after=0)
 
     async def body(client):
-        r = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True})
+        r = await client.post("/v1/chat/completions",
+                              json={"messages": [{"role": "user", "content": "x"}], "stream": True})
         return r.status, r.content_type
 
     engine.tokenizer = type("Tok", (), {"chat_template": "{{ 'x' }}", "encode": lambda self, text, **kw: [1, 2],

@@ -17,7 +17,6 @@ import openai
 import psutil
 import pytest
 import requests
-
 from helpers import clean_env
 
 pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
@@ -140,7 +139,8 @@ def test_models(client, url):
 
 
 def test_completion_basic_and_token_prompt(client, model):
-    out = client.completions.create(model=model, prompt="Hello, my name is", max_tokens=5, extra_body={"ignore_eos": True})
+    out = client.completions.create(model=model, prompt="Hello, my name is", max_tokens=5,
+                                    extra_body={"ignore_eos": True})
     assert out.id.startswith("cmpl-") and out.model == model
     choice = out.choices[0]
     assert choice.finish_reason == "length" and out.usage.completion_tokens == 5
@@ -249,7 +249,8 @@ def test_completion_logprobs_and_echo(client, model):
 
 
 def test_chat_session(client, model):
-    messages = [{"role": "system", "content": "you are a helpful assistant"}, {"role": "user", "content": "what is 1+1?"}]
+    messages = [{"role": "system", "content": "you are a helpful assistant"},
+                {"role": "user", "content": "what is 1+1?"}]
     out = client.chat.completions.create(model=model, messages=messages, max_completion_tokens=10,
                                          extra_body={"ignore_eos": True})
     assert out.id.startswith("chatcmpl-") and out.object == "chat.completion"
@@ -260,7 +261,8 @@ def test_chat_session(client, model):
 
 
 def test_chat_streaming_matches_and_usage(client, model):
-    kwargs = dict(model=model, messages=[{"role": "user", "content": "Say hello"}], max_completion_tokens=10, **greedy())
+    kwargs = dict(model=model, messages=[{"role": "user", "content": "Say hello"}], max_completion_tokens=10,
+                  **greedy())
     full = client.chat.completions.create(**kwargs).choices[0]
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -313,7 +315,8 @@ def test_error_cases(url, model):
     assert r.status_code == 415
     _error(post(url, c, {"prompt": "x" * (MAX_BODY + 10)}), 413)
     error = _error(post(url, c, {"model": "foo", "prompt": "x"}), 404)
-    assert error == {"message": "The model `foo` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}
+    assert error == {"message": "The model `foo` does not exist.", "type": "NotFoundError", "param": "model",
+                     "code": 404}
     _error(post(url, c, {"prompt": ""}), 400)
     _error(post(url, c, {"prompt": []}), 400)
     assert "Token id 10000000 is out of vocabulary" in _error(post(url, c, {"prompt": [1, 10000000]}), 400)["message"]
@@ -511,15 +514,15 @@ def test_metrics_counts(url, model):
                  "request_prompt_tokens", "request_generation_tokens", "iteration_tokens_total",
                  "request_queue_time_seconds", "request_decode_time_seconds", "num_preemptions_total"):
         assert f"kc:{name}" in text
-    assert re.search(r'kc:num_requests_running\{model_name="%s"\}' % re.escape(model), text)
+    assert re.search(rf'kc:num_requests_running\{{model_name="{re.escape(model)}"\}}', text)
 
 
 # -- the client commands against the server ------------------------------------------------------------------
 
 
 def _kc(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "kernelcore.entrypoints.cli", *args], env=clean_env(KC_API_KEY=API_KEY),
-                          capture_output=True, text=True, timeout=120, input=input)
+    proc = subprocess.run([sys.executable, "-m", "kernelcore.entrypoints.cli", *args],
+                          env=clean_env(KC_API_KEY=API_KEY), capture_output=True, text=True, timeout=120, input=input)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 

@@ -11,7 +11,6 @@ import time
 import psutil
 import pytest
 import requests
-
 from test_server_e2e import start_server
 
 pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite

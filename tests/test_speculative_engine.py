@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 import real_models
 from conftest_models import make_llama_checkpoint
 from helpers import run_python
+
 from kernelcore.config_builder import build_config
 from kernelcore.core_types.sampling_params import SamplingParams
 from kernelcore.engine.core import EngineCore
@@ -39,7 +39,7 @@ def run_engine(model: str | None, prompts: list[list[int]], params: list[Samplin
     logprobs: dict[str, list] = {}
     try:
         for run in range(repeat):
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
                 core.add_request(EngineCoreRequest(request_id=f"{run}-{i}", prompt_token_ids=prompt,
                                                    sampling_params=p, lora_id=(lora_ids or [0] * len(prompts))[i],
                                                    eos_token_id=eos_token_id))

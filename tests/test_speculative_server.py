@@ -8,9 +8,8 @@ import re
 
 import openai
 import pytest
-import requests
-
 import real_models
+import requests
 from conftest import SMOLLM2_API_KEY
 from helpers import run_kc
 from test_server_e2e import start_server, stop_server

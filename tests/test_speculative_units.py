@@ -94,10 +94,10 @@ def _simulate(chain: torch.Tensor, params: SamplingParams, num_sequences: int, l
     while any(len(s) <= length for s in sequences):
         active = [s for s in sequences if len(s) <= length]
         drafts = [propose(s) for s in active]
-        rows = [chain[t] for s, d in zip(active, drafts) for t in [s[-1], *d]]
+        rows = [chain[t] for s, d in zip(active, drafts, strict=True) for t in [s[-1], *d]]
         md = build_metadata([params] * len(rows), [None] * len(rows), VOCAB)
         result = verify(torch.stack(rows), md, drafts, [None] * len(active))
-        for s, kept, nxt in zip(active, result.accepted, result.next_token_ids):
+        for s, kept, nxt in zip(active, result.accepted, result.next_token_ids, strict=True):
             s.extend([*kept, nxt])
     return np.array([s[1:length + 1] for s in sequences])
 

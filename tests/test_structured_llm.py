@@ -9,8 +9,8 @@ import re
 import jsonschema
 import pytest
 
-from kernelcore.engine.llm import LLM
 from kernelcore.core_types.sampling_params import SamplingParams
+from kernelcore.engine.llm import LLM
 from kernelcore.structured_output.params import StructuredOutputsParams
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -82,7 +82,8 @@ def test_bad_grammar_fails_alone_and_unconstrained_costs_nothing(llm):
 def test_chat_with_tools_offline(llm):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
     params = SamplingParams(temperature=0, max_tokens=30, structured_outputs={"json": {
-        "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"], "additionalProperties": False}, "compact_whitespace": True})
+        "type": "object", "properties": {"x": {"enum": [1, 2]}}, "required": ["x"], "additionalProperties": False},
+        "compact_whitespace": True})
     out = llm.chat([{"role": "user", "content": "call f"}], params, use_tqdm=False, tools=tools)[0].outputs[0]
     assert json.loads(out.text)["x"] in (1, 2)
 

@@ -11,7 +11,6 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
-
 from test_server_e2e import post, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -27,7 +26,8 @@ class Person(BaseModel):
     tags: list[Literal["a", "b"]] = Field(max_length=2)
 
 
-PERSON_SCHEMA = {**Person.model_json_schema(), "additionalProperties": False}  # as the openai client's strict mode sends
+# as the openai client's strict mode sends
+PERSON_SCHEMA = {**Person.model_json_schema(), "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1,
                                                                                     "maximum": 7}},
@@ -75,7 +75,8 @@ def test_json_schema_stream_equals_non_stream_and_n2(client):
 
 def test_regex_choice_grammar_on_completions(client):
     for extra in ({"guided_regex": r"[0-9]{2,4}-[a-z]{2}"}, {"structured_outputs": {"regex": r"[0-9]{2,4}-[a-z]{2}"}}):
-        r = client.completions.create(model="", prompt="Hello", max_tokens=30, temperature=0.7, seed=3, extra_body=extra)
+        r = client.completions.create(model="", prompt="Hello", max_tokens=30, temperature=0.7, seed=3,
+                                      extra_body=extra)
         assert re.fullmatch(r"[0-9]{2,4}-[a-z]{2}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
     for extra in ({"guided_choice": ["alpha", "beta", "gamma"]}, {"structured_outputs": {"choice": ["alpha", "beta"]}}):
         r = client.completions.create(model="", prompt="Pick", max_tokens=30, temperature=0, extra_body=extra)
@@ -146,7 +147,8 @@ def test_tool_messages_reach_the_template(server):
                 "{% endif %}\n{% endfor %}{% if tools %}tools:{{ tools | length }}{% endif %}")
     messages = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     body = {"messages": messages, "tools": [WEATHER], "tool_choice": "none", "max_tokens": 2}
     assert post(server, "/v1/chat/completions", body, headers=AUTH).status_code == 200

@@ -13,7 +13,6 @@ import os
 import openai
 import pytest
 import torch
-
 from conftest_models import make_llama_checkpoint
 from helpers import run_kc
 from test_server_e2e import start_server, stop_server
@@ -33,7 +32,8 @@ def sentencepiece_checkpoint(path: str) -> str:
     with open(os.path.join(path, "tokenizer.model"), "wb") as f:
         f.write(model.getvalue())
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, f)
+        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+                   "unk_token": "<unk>"}, f)
     return path
 
 
@@ -48,7 +48,8 @@ def tiktoken_checkpoint(path: str) -> str:
         ranks = bpe_train(TEXT, 300, pattern)
     make_llama_checkpoint(path, vocab_size=302, bos_token_id=300, eos_token_id=301, pad_token_id=None)
     with open(os.path.join(path, "tokenizer.model"), "w") as f:
-        f.writelines(f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in sorted(ranks.items(), key=lambda x: x[1]))
+        f.writelines(f"{base64.b64encode(token).decode()} {rank}\n"
+                     for token, rank in sorted(ranks.items(), key=lambda x: x[1]))
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin|>", "eos_token": "<|end|>",
                    "extra_special_tokens": ["<|begin|>", "<|end|>"]}, f)
@@ -110,8 +111,8 @@ def test_checkpoint_without_tokenizer_files_fails_at_start_up_unless_token_ids_a
 
 
 def test_llm_without_tokenizer_files_serves_token_ids(tmp_path, caplog):
-    from kernelcore.engine.llm import LLM
     from kernelcore import SamplingParams
+    from kernelcore.engine.llm import LLM
 
     path = make_llama_checkpoint(str(tmp_path / "m"))
     llm = LLM(path, kv_cache_memory=1 << 20, skip_tokenizer_init=True)

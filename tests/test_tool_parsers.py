@@ -86,7 +86,8 @@ def test_reasoning_parsers(name, text, reasoning, content):
 def test_reasoning_then_tool_call():
     hermes = tool_parser_registry().get("hermes")(None)
     qwen3 = reasoning_parser_registry().get("qwen3")(None)
-    text = '<think>I should call it.</think><tool_call>\n{"name": "get_time", "arguments": {"utc": false}}\n</tool_call>'
+    text = ('<think>I should call it.</think>'
+            '<tool_call>\n{"name": "get_time", "arguments": {"utc": false}}\n</tool_call>')
     message, finish = ChoiceOutput(TOOLS, hermes, qwen3).message(text, "stop")
     assert message["reasoning_content"] == "I should call it." and message["content"] is None
     assert message["tool_calls"][0]["function"] == {"name": "get_time", "arguments": '{"utc": false}'}

@@ -7,7 +7,6 @@ import time
 
 import psutil
 import pytest
-
 from helpers import run_python
 
 pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
@@ -41,8 +40,9 @@ def _greedy_with_logprobs(model_dir, tp, num_steps=32):
             core = EngineCore(build_config(model={model_dir!r}, tensor_parallel_size={tp}, kv_cache_memory=1 << 24))
             prompts = [[5, 9, 14, 3, 7, 11, 2, 8], [17, 4, 4, 12], list(range(30, 70))]
             for i, p in enumerate(prompts):
-                core.add_request(EngineCoreRequest(request_id=str(i), prompt_token_ids=p, sampling_params=SamplingParams(
-                    temperature=0, max_tokens={num_steps}, ignore_eos=True, logprobs=5)))
+                core.add_request(EngineCoreRequest(request_id=str(i), prompt_token_ids=p,
+                                                   sampling_params=SamplingParams(temperature=0, max_tokens={num_steps},
+                                                                                  ignore_eos=True, logprobs=5)))
             tokens, logprobs = {{}}, {{}}
             while core.has_unfinished_requests():
                 for o in core.step().outputs:
@@ -61,7 +61,7 @@ def test_tensor_parallel_2_matches_1(model, llama_dir, opt_dir):
     tokens_2, logprobs_2 = _greedy_with_logprobs(model_dir, 2)
     assert tokens_1 == tokens_2 and all(len(t) == 32 for t in tokens_1.values())
     for rid in logprobs_1:
-        for a, b in zip(logprobs_1[rid], logprobs_2[rid]):
+        for a, b in zip(logprobs_1[rid], logprobs_2[rid], strict=True):
             assert a == pytest.approx(b, abs=2e-4)
 
 
@@ -114,7 +114,8 @@ def test_killing_a_worker_or_the_engine_core_fails_requests_promptly_and_leaves_
     assert result["result"].startswith("dead") and result["elapsed"] < 10
     assert result["is_dead"] and result["second"] == "refused"
     deadline = time.time() + 10
-    while time.time() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in children):
+    while time.time() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                         for p in children):
         time.sleep(0.2)
     assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
@@ -144,7 +145,8 @@ def test_trace_of_a_tp2_start_shows_every_process_in_order(llama_dir, tmp_path):
         from kernelcore.config_builder import build_config
         from kernelcore.engine.core_client import MPEngineCoreClient
         if __name__ == "__main__":
-            client = MPEngineCoreClient(build_config(model={llama_dir!r}, tensor_parallel_size=2, kv_cache_memory=1 << 24))
+            client = MPEngineCoreClient(build_config(model={llama_dir!r}, tensor_parallel_size=2,
+                                                     kv_cache_memory=1 << 24))
             client.shutdown()
     """, KC_TRACE_PLUGINS=str(trace))
     events = [json.loads(line) for line in trace.read_text().splitlines()]

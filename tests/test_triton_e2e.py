@@ -1,5 +1,6 @@
-"""A tiny Llama, OPT and Mistral (sliding window) through the Triton attention backend and Triton ops, in Triton's interpreter on
-CPU tensors (the kc_dummy_triton_interp platform, KC_TRITON_INTERP=1), against the CPU platform's logits.
+"""A tiny Llama, OPT and Mistral (sliding window) through the Triton attention backend and Triton ops, in Triton's
+interpreter on CPU tensors (the kc_dummy_triton_interp platform, KC_TRITON_INTERP=1), against the CPU platform's
+logits.
 
 Each run steps the model runner by hand: a profiling-style forward with no KV cache bound, then fresh
 prefills, a prefill chunk continuing mid-sequence batched with decodes (ragged, masked tails), then an
@@ -9,7 +10,6 @@ import json
 
 import pytest
 import torch
-
 from conftest_models import make_checkpoint, make_llama_checkpoint, make_opt_checkpoint
 from helpers import run_python
 
@@ -56,7 +56,8 @@ def checkpoints(tmp_path_factory):
 
 
 def _run(checkpoints, tmp_path, tag, **env):
-    jobs = [(name, path, block_size, str(tmp_path / f"{tag}-{name}.pt")) for name, (path, block_size) in checkpoints.items()]
+    jobs = [(name, path, block_size, str(tmp_path / f"{tag}-{name}.pt"))
+            for name, (path, block_size) in checkpoints.items()]
     trace = tmp_path / f"{tag}.trace"
     proc = run_python(STEPS.replace("sys.argv[1]", repr(json.dumps(jobs))), KC_TRACE_PLUGINS=str(trace), **env)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -77,12 +78,13 @@ def test_llama_opt_mistral_through_triton_interpreter_match_cpu_platform(checkpo
     # the Triton kernels here (no platform override).
     # the CPU platform's kernels: the torch fallbacks, fused_moe with prepacked expert weights, its native
     # pointwise ops (with torch fallbacks inside)
-    native = {"cpu:onednn_fused_moe", "cpu:rms_norm", "cpu:fused_add_rms_norm", "cpu:rotary_embedding", "cpu:silu_and_mul"}
+    native = {"cpu:onednn_fused_moe", "cpu:rms_norm", "cpu:fused_add_rms_norm", "cpu:rotary_embedding",
+              "cpu:silu_and_mul"}
     assert cpu_tables and all(w.startswith("cpu:torch_") or w in native for w in cpu_tables[0].values())
     assert tables and all(w.startswith("triton_kernels:triton_") for w in tables[0].values())
     assert set(tables[0]) >= {"paged_attention", "reshape_and_cache", "rms_norm", "fused_add_rms_norm",
                               "rotary_embedding", "silu_and_mul"}
     for name in checkpoints:
         assert len(logits[name]) == len(cpu_logits[name]) == 4
-        for got, want in zip(logits[name], cpu_logits[name]):
+        for got, want in zip(logits[name], cpu_logits[name], strict=True):
             torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)

@@ -56,7 +56,7 @@ def tol(dtype):
 def make_batch(query_lens, context_lens, block_size, num_kv_heads, head_size, dtype, seed=0):
     """Random paged caches and shuffled block tables for a flattened batch."""
     gen = torch.Generator().manual_seed(seed)
-    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
     num_blocks_per_seq = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(num_blocks_per_seq) + 3
     shape = (num_blocks, block_size, num_kv_heads, head_size)
@@ -134,7 +134,7 @@ def test_paged_attention_sliding_window_never_reads_behind_the_window(batch, win
                                                                       head_size, torch.float32)
     query = randn(sum(query_lens), 8, head_size)
     expected = dense_window_attention(query, key_cache, value_cache, block_tables, seq_lens, qsl, 0.3, window)
-    for i, (context, _) in enumerate(zip(context_lens, query_lens)):
+    for i, (context, _) in enumerate(zip(context_lens, query_lens, strict=True)):
         behind = max(0, context - window + 1) // block_size
         key_cache[block_tables[i, :behind]] = 1e4
         value_cache[block_tables[i, :behind]] = 1e4
@@ -204,7 +204,7 @@ def naive_moe(x, w13, w2, topk_weights, topk_ids):
     inter = w2.shape[2]
     out = torch.zeros_like(x, dtype=torch.float32)
     for t in range(x.shape[0]):
-        for weight, e in zip(topk_weights[t].tolist(), topk_ids[t].tolist()):
+        for weight, e in zip(topk_weights[t].tolist(), topk_ids[t].tolist(), strict=True):
             h = w13[e].float() @ x[t].float()
             out[t] += weight * (w2[e].float() @ (torch.nn.functional.silu(h[:inter]) * h[inter:]))
     return out.to(x.dtype)

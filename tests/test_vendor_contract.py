@@ -5,7 +5,6 @@ and endpoint plugins enabled apart from the KC_PLUGINS allow-list."""
 import json
 
 import pytest
-
 from helpers import run_kc, run_python
 
 GENERATE = """
@@ -128,7 +127,6 @@ def test_endpoint_plugin_enabled_apart_from_the_allow_list_on_the_vendor_platfor
     import sys
 
     import requests
-
     from helpers import clean_env
     from test_server_e2e import free_port
 

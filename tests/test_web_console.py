@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from html.parser import HTMLParser
 import subprocess
 import sys
 import time
+from html.parser import HTMLParser
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
-
 from helpers import clean_env
+from prometheus_client.parser import text_string_to_metric_families
 from test_server_e2e import server_log, start_server, stop_server
 
 API_KEY = "sk-console"
@@ -332,12 +331,13 @@ def test_browser_shows_hostile_replies_and_errors_as_text(url):
     usage = {**chunk(), "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
     cases = [  # (what the route answers, the status the page ends in, the text it must show)
         ({"status": 200, "content_type": "text/event-stream",
-          "body": sse(chunk("", role="assistant"), chunk(IMG_PAYLOAD), chunk(SCRIPT_PAYLOAD), chunk(finish_reason="stop"),
-                      usage)}, "done", IMG_PAYLOAD + SCRIPT_PAYLOAD),
+          "body": sse(chunk("", role="assistant"), chunk(IMG_PAYLOAD), chunk(SCRIPT_PAYLOAD),
+                      chunk(finish_reason="stop"), usage)}, "done", IMG_PAYLOAD + SCRIPT_PAYLOAD),
         ({"status": 400, "content_type": "application/json", "body": json.dumps(error_envelope(IMG_PAYLOAD))},
          "error", IMG_PAYLOAD),
         ({"status": 200, "content_type": "text/event-stream",
-          "body": sse(chunk("partial", role="assistant"), error_envelope(SCRIPT_PAYLOAD, 500))}, "error", SCRIPT_PAYLOAD),
+          "body": sse(chunk("partial", role="assistant"), error_envelope(SCRIPT_PAYLOAD, 500))},
+         "error", SCRIPT_PAYLOAD),
     ]
     answers, requests_seen = [case[0] for case in cases], []
 
@@ -434,7 +434,8 @@ def test_default_max_tokens_applies_to_chat_and_completions(url):
 def test_kc_chat_prints_model_and_url_and_answers_commands_locally(url):
     script = "/help\n/system Be brief.\nhello\n/reset\n/bogus\n//slash message\n/exit\nnever sent\n"
     before = scrape(url)["vllm:request_success_total"]
-    proc = subprocess.run([sys.executable, "-m", "kernelcore.entrypoints.cli", "chat", "--url", url, "--max-tokens", "3"],
+    proc = subprocess.run([sys.executable, "-m", "kernelcore.entrypoints.cli", "chat", "--url", url, "--max-tokens",
+                           "3"],
                           env=clean_env(KC_API_KEY=API_KEY), input=script, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
