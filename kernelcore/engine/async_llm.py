@@ -156,10 +156,6 @@ class AsyncLLM(ReplicaFailover):
         try:
             while not is_finished:
                 item = await tracked.queue.get()
-                # A consumer that fell behind (a slow client, a busy loop) takes the newest output only: they are
-                # cumulative, so one write then carries every token it missed.
-                while not (isinstance(item, BaseException) or item.finished or tracked.queue.empty()):
-                    item = tracked.queue.get_nowait()
                 if isinstance(item, BaseException):
                     is_finished = True
                     raise item
