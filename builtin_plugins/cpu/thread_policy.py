@@ -68,13 +68,13 @@ class ThreadPolicy:
 
     def others_busy(self) -> float | None:
         """Cores the other processes kept busy since the last decision (None: too soon, or no /proc)."""
+        if self._last is not None and time.monotonic() - self._last[0] < INTERVAL_S:
+            return None  # decided recently: not even /proc is read (this is asked between layers)
         now = self._sample()
         if now is None:
             return None
         if self._last is None:
             self._last = now
-            return None
-        if now[0] - self._last[0] < INTERVAL_S:
             return None
         (_, busy0, total0, own0), (_, busy1, total1, own1) = self._last, now
         self._last = now
@@ -82,6 +82,17 @@ class ThreadPolicy:
             return None
         num_cpus = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
         return max(0.0, (busy1 - busy0) - (own1 - own0)) / (total1 - total0) * num_cpus
+
+    def follow_during(self, model: torch.nn.Module) -> None:
+        """Decide again between the layers of an eager forward too: one long prefill would otherwise run on the
+        decision made before it, from a window that may be seconds old (a neighbour that has stopped since)."""
+        def before_layer(_module: torch.nn.Module, _args: tuple) -> None:
+            self.update()  # a pre-hook's return value would replace the layer's arguments
+
+        for module in model.modules():
+            if isinstance(module, torch.nn.ModuleList):
+                for layer in module:
+                    layer.register_forward_pre_hook(before_layer)
 
     def update(self) -> int:
         others = self.others_busy()

@@ -36,6 +36,8 @@ class CpuWorker(WorkerBase):
             tune_linears(runner.model, self.config.scheduler.max_num_batched_tokens,
                          cache_dir=Path(envs.KC_CACHE_DIR) / "cpu-linear-tuning")
         self.model_runner = runner
+        if self.thread_policy is not None:
+            self.thread_policy.follow_during(runner.model)
 
     def init_device(self) -> None:
         if envs.KC_CPU_KEEP_FREED_MEMORY:
