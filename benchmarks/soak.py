@@ -39,8 +39,6 @@ import math
 import os
 import random
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -116,53 +114,24 @@ def make_adapter(work_dir: str) -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(adapter: str, log_path: str, extra: list[str] = (),
                  timeout: float = 600) -> tuple[subprocess.Popen, str]:
     """`kc serve` (default model + the adapter + hermes tools) on a free port, output to ``log_path``."""
-    import requests
+    from helpers import start_server as start_kc
 
-    port = _free_port()
-    args = [sys.executable, "-m", "kernelcore.entrypoints.cli", "serve", "--port", str(port), *SERVER_FLAGS,
-            "--lora-modules", f"{LORA}={adapter}", *extra]
-    log = open(log_path, "w")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KC_DUMMY") and k not in ("KC_PLUGINS",)}
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-    log.close()
-    proc.log_path, proc.args_used = log_path, args
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}):\n{read_log(proc)}")
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server not healthy after {timeout:.0f} s:\n{read_log(proc)}")
+    return start_kc(*SERVER_FLAGS, "--lora-modules", f"{LORA}={adapter}", *extra, timeout=timeout, log_path=log_path)
 
 
 def read_log(proc: subprocess.Popen) -> str:
-    with open(proc.log_path) as f:
-        return f.read()
+    from helpers import server_log
+
+    return server_log(proc)
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    from helpers import stop_server as stop_kc
+
+    stop_kc(proc, timeout=60)
 
 
 def tree_rss(pid: int) -> dict[str, int]:

@@ -26,6 +26,31 @@ def _is_ci() -> bool:
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes") for v in ("KC_REQUIRE_DUMMIES", "CI"))
 
 
+# scripts/test.sh runs the suite in two phases: KC_TEST_PHASE=parallel (pytest-xdist workers, every test but the
+# `exclusive` ones) then KC_TEST_PHASE=exclusive (those alone: they measure the machine's load or compare timings,
+# which a test running beside them would disturb). Unset: every test, in this process.
+PHASES = ("parallel", "exclusive")
+
+
+def _share_and_split(config, items) -> None:
+    """Tests on the session's SmolLM2 server run on one worker (one server for all of them); the phase's tests are
+    kept and the others deselected."""
+    for item in items:
+        if "smollm2_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smollm2"))
+    phase = os.environ.get("KC_TEST_PHASE", "")
+    if not phase:
+        return
+    if phase not in PHASES:
+        raise pytest.UsageError(f"KC_TEST_PHASE={phase!r}: expected one of {PHASES}")
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("exclusive") is not None) == (phase == "exclusive") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_configure(config):
     missing = _missing_dummies()
     config._kc_missing_dummies = missing
@@ -35,7 +60,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without every dummy package (a contributor's quick run), skip the modules that use them."""
+    """Share and split the run (below), then: without every dummy package (a contributor's quick run), skip the
+    modules that use them."""
+    _share_and_split(config, items)
     missing = config._kc_missing_dummies
     if not missing:
         return

@@ -14,7 +14,8 @@ import torch
 
 from builtin_plugins.cpu.thread_policy import ThreadPolicy
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux /proc")
+pytestmark = [pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux /proc"),
+              pytest.mark.exclusive]  # other tests beside it would be the load it measures
 
 
 def _wait_for(policy: ThreadPolicy, condition, deadline_s: float = 60.0) -> int:

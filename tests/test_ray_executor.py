@@ -4,12 +4,11 @@ cluster too small for the ranks is a clear error."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import pytest
-from helpers import clean_env, run_python
+from helpers import clean_env, free_port, run_python
 from test_multinode import greedy_script
 
 try:
@@ -18,15 +17,9 @@ except ImportError as exc:  # pragma: no cover - CI installs kernelcore[ray]
     pytest.skip(f"Ray is not installed ({exc}); pip install 'kernelcore[ray]'", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     temp_dir = str(tmp_path_factory.mktemp("ray"))
     head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",

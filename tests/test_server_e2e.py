@@ -6,10 +6,8 @@ import asyncio
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import aiohttp
@@ -17,55 +15,13 @@ import openai
 import psutil
 import pytest
 import requests
-from helpers import clean_env
+from helpers import clean_env, free_port, server_log, start_server, stop_server  # noqa: F401 (re-exported)
 
 pytestmark = pytest.mark.slow  # real servers / several processes: run with the full suite
 
 API_KEY = "sk-test-key"
 MAX_MODEL_LEN = 256
 MAX_BODY = 64 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*args: str, timeout: float = 180, **env: str) -> tuple[subprocess.Popen, str]:
-    """`kc serve` on a free port; its output goes to a file (a pipe nobody reads would fill and block it)."""
-    port = free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="kc-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "kernelcore.entrypoints.cli", "serve", "--port", str(port), *args],
-                            env=clean_env(**env), stdout=log, stderr=subprocess.STDOUT, text=True)
-    proc.log_path = log.name
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}):\n{server_log(proc)}")
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError(f"server did not become healthy in time:\n{server_log(proc)}")
-
-
-def server_log(proc: subprocess.Popen) -> str:
-    with open(proc.log_path) as f:
-        return f.read()
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import soak  # noqa: E402
 
-pytestmark = pytest.mark.slow  # a real server for minutes: run with the full suite
+# a real server for minutes: run with the full suite; alone, so that its capacity phase measures the server and
+# the load it then sends stays at 80% of what the machine gives it
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 MINUTES = 3
 RSS_GROWTH_BOUND_MIB = 200
