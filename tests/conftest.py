@@ -33,11 +33,12 @@ PHASES = ("parallel", "exclusive")
 
 
 def _share_and_split(config, items) -> None:
-    """Tests on the session's SmolLM2 server run on one worker (one server for all of them); the phase's tests are
-    kept and the others deselected."""
+    """One pytest-xdist group per module (its module-scoped servers and caches start once), and one for every test
+    on the session's SmolLM2 server (one server for all of them); then the phase's tests are kept, the others
+    deselected."""
     for item in items:
-        if "smollm2_server" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("smollm2"))
+        uses_smollm2 = "smollm2_server" in getattr(item, "fixturenames", ())
+        item.add_marker(pytest.mark.xdist_group("smollm2" if uses_smollm2 else item.nodeid.split("::")[0]))
     phase = os.environ.get("KC_TEST_PHASE", "")
     if not phase:
         return
@@ -59,6 +60,7 @@ def pytest_configure(config):
                                 f"(scripts/test.sh pip-installs tests/plugins/*)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Share and split the run (below), then: without every dummy package (a contributor's quick run), skip the
     modules that use them."""

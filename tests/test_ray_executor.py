@@ -37,7 +37,7 @@ def ray_cluster(tmp_path_factory):
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # the cluster this test started, and only it
         try:
-            head.wait(60)
+            head.wait(5)  # (a graceful stop takes Ray about 30 s; every one of its processes is in this group)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(30)
