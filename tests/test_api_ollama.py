@@ -340,6 +340,7 @@ def _client(server: InProcess) -> ollama.Client:
     return ollama.Client(host=server.url, headers={"Authorization": "Bearer k"})
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(requests_)
 def test_fuzz_in_process(fake, request_):

@@ -38,6 +38,7 @@ def test_platform_can_add_serve_options():
     assert "--dummy-flag" in out
 
 
+@pytest.mark.slow
 def test_platform_option_value_reaches_the_platform_through_the_config():
     proc = run_kc("serve", "--dummy-flag", "refuse", "--port", "0", check=False, KC_DUMMY_DEVICE="1")
     assert proc.returncode != 0 and "DummyPlatform refuses --dummy-flag=refuse" in proc.stderr

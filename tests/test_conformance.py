@@ -68,6 +68,7 @@ def test_op_check_catches_a_replacement_that_differs(monkeypatch):
         numerics.check_op_replacements()
 
 
+@pytest.mark.slow
 def test_kc_plugins_shows_platform_hooks_replaced_ops_and_kernel_winners():
     report = json.loads(run_kc("plugins", "--json", KC_DUMMY_DEVICE="1", KC_DUMMY_OPS="1").stdout)
     assert {"update_block_size_for_backend", "register_triton_kernel_overrides"} <= set(report["platform"]["hooks"])

@@ -154,6 +154,7 @@ def test_native_kernel_is_cached_and_rejects_unsupported_groups():
     assert CpuAttentionImpl(130, 64, 0.125, 1).native_decode is None  # a query group of 130: torch ops
 
 
+@pytest.mark.slow
 def test_without_a_compiler_the_torch_path_serves_and_says_why(tmp_path):
     code = """
         import logging, torch

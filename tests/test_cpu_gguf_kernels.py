@@ -379,6 +379,7 @@ def reader(name: str) -> Any:
     return _Reader(real_models.real_model(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REAL_FILES)
 def test_real_file_tensors(name: str) -> None:
     by_type: dict[str, list] = {}

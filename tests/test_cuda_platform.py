@@ -37,6 +37,7 @@ def test_vendor_platform_wins_over_cuda():
     assert out == ["DummyPlatform", "dummy_platform"]
 
 
+@pytest.mark.slow
 def test_cuda_config_without_creating_a_cuda_context(tmp_path):
     path = make_llama_checkpoint(str(tmp_path / "llama"))
     out = run_python(FAKE_GPU + f"""
@@ -57,6 +58,7 @@ print(config.parallel.worker_cls, config.model.dtype, config.custom_ops,
                    "builtin_plugins.cuda.graphs.CudaGraphCaptureBackend", "False"]
 
 
+@pytest.mark.slow
 def test_missing_triton_says_what_to_install(tmp_path):
     path = make_llama_checkpoint(str(tmp_path / "llama"))
     proc = run_python(FAKE_GPU + f"""

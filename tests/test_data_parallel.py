@@ -5,6 +5,8 @@ import json
 import pytest
 from helpers import run_python
 
+pytestmark = pytest.mark.slow  # starts two engine cores
+
 
 def test_router_balances_load_and_prefers_the_replica_holding_the_prefix():
     from kernelcore.engine.dp_router import DPRouter

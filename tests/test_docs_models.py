@@ -5,6 +5,7 @@ import json
 import os
 import re
 
+import pytest
 from helpers import run_python
 from test_public_api import _imports, listed_names
 
@@ -18,6 +19,7 @@ def code_block(name: str) -> str:
     return match.group(1) + "\n"
 
 
+@pytest.mark.slow
 def test_worked_example_matches_transformers(tmp_path):
     (tmp_path / "docs_qwen2.py").write_text(code_block("docs_qwen2"))
     (tmp_path / "parity.py").write_text(code_block("parity"))

@@ -11,7 +11,8 @@ import pytest
 from helpers import run_python
 from test_data_parallel import check_dp2_like_dp1, dp_script, metric
 
-pytestmark = pytest.mark.skipif(netns.skip_reason() is not None, reason=str(netns.skip_reason()))
+pytestmark = [pytest.mark.skipif(netns.skip_reason() is not None, reason=str(netns.skip_reason())),
+              pytest.mark.slow]  # starts hosts in network namespaces
 
 SECRET = "dp-cluster-secret"
 PORT = "29571"

@@ -6,6 +6,8 @@ import json
 import pytest
 from helpers import run_kc, run_python
 
+pytestmark = pytest.mark.slow  # spawns engines and workers
+
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):

@@ -49,6 +49,7 @@ def served(tmp_path_factory):
     stop_server(proc)
 
 
+@pytest.mark.slow
 def test_startup_warns_about_the_missing_chat_template(served):
     text = server_log(served[1])
     assert "WARNING" in text and "has no chat template" in text and "--chat-template" in text, text

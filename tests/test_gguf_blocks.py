@@ -11,6 +11,8 @@ import torch
 
 from builtin_plugins.quantization import gguf_blocks as gb
 
+pytestmark = pytest.mark.slow  # reads every tensor of the real GGUF files
+
 SMOLLM_Q4_1 = "smollm2-135m-instruct-q4_1"  # kc pull names (tests/real_models.py)
 GEMMA_Q4_K_M = "gemma-3-270m-q4_k_m"
 

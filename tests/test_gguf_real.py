@@ -17,6 +17,8 @@ import pytest
 import real_models
 import torch
 
+pytestmark = pytest.mark.slow  # real trained models through transformers and kc serve
+
 smollm2_gguf = real_models.smollm2_gguf
 gemma3_gguf = real_models.gemma3_gguf
 

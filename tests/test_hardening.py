@@ -13,6 +13,8 @@ import pytest
 import requests
 from test_server_e2e import API_KEY, server_log, start_server, stop_server
 
+pytestmark = pytest.mark.slow  # starts kc serve and attacks it
+
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 POST_ROUTES = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
 USER = [{"role": "user", "content": "hi"}]

@@ -13,6 +13,8 @@ from helpers import clean_env, run_python
 
 from kernelcore import hostproc
 
+pytestmark = pytest.mark.slow  # spawns processes
+
 TESTS_DIR = os.path.dirname(__file__)
 
 

@@ -10,6 +10,8 @@ import torch
 import torch.multiprocessing as mp
 from conftest_models import make_checkpoint, make_llama_checkpoint, make_opt_checkpoint
 
+pytestmark = pytest.mark.slow  # spawns tensor-parallel ranks
+
 PROMPTS = [[5, 9, 11, 3, 7, 8, 100, 200, 17],
            [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58]]
 

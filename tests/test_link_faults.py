@@ -226,6 +226,7 @@ def test_loss_drops_packets(linked):
         assert link.stats()["a_to_b"]["lost"] - before["a_to_b"]["lost"] >= sent - received - 5
 
 
+@pytest.mark.slow
 def test_a_partition_stops_tcp_and_the_heal_restores_it(linked):
     hosts, link = linked, linked.link
     start_echo_server(hosts)

@@ -12,6 +12,8 @@ from helpers import run_python
 from lora_helpers import make_peft_adapter, peft_logits
 from test_models_parity import random_tokens
 
+pytestmark = pytest.mark.slow  # spawns engines and TP workers beside peft
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):

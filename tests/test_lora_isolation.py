@@ -15,6 +15,8 @@ from helpers import run_python
 from lora_helpers import make_bad_shape_adapter, make_peft_adapter, make_pickle_payload_adapter
 from safetensors.torch import load_file, save_file
 
+pytestmark = pytest.mark.slow  # spawns engines and TP workers
+
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):

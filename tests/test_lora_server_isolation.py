@@ -19,6 +19,8 @@ from helpers import clean_env
 from lora_helpers import make_bad_shape_adapter, make_peft_adapter, make_pickle_payload_adapter
 from test_server_e2e import free_port, start_server, stop_server
 
+pytestmark = pytest.mark.slow  # starts kc serve
+
 PROMPT = [5, 9, 14, 3, 7, 11, 2, 8, 40, 41]
 NUM_STREAM_TOKENS = 48
 

@@ -10,6 +10,8 @@ from kernelcore.metrics import StatLoggerBase, validate_stat_loggers
 from kernelcore.metrics.logging_logger import LoggingStatLogger
 from kernelcore.metrics.stats import EngineStats
 
+pytestmark = pytest.mark.slow  # spawns an engine core
+
 
 def test_stat_logger_plugin_is_discovered_through_its_entry_point():
     out = run_python("""

@@ -5,6 +5,8 @@ import json
 import pytest
 from helpers import run_python
 
+pytestmark = pytest.mark.slow  # spawns engines on the vendor's platform
+
 
 @pytest.mark.parametrize("family", ["llama", "opt"])
 def test_oot_platform_gives_transformers_logits_and_greedy_tokens(family, tmp_path):

@@ -9,7 +9,8 @@ import psutil
 import pytest
 from helpers import run_python
 
-pytestmark = pytest.mark.skipif(netns.skip_reason() is not None, reason=str(netns.skip_reason()))
+pytestmark = [pytest.mark.skipif(netns.skip_reason() is not None, reason=str(netns.skip_reason())),
+              pytest.mark.slow]  # starts hosts in network namespaces
 
 SECRET = "test-cluster-secret"
 PORT = "29551"

@@ -7,6 +7,8 @@ import pytest
 from helpers import run_python
 from test_multinode import greedy_script
 
+pytestmark = pytest.mark.slow  # spawns pipeline-stage worker processes
+
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from helpers import run_kc, run_python
 
 SHOW = """
@@ -75,6 +76,7 @@ def test_allow_list_filters_third_party_only_and_strips_whitespace():
     assert "no_such_plugin" in proc.stderr  # unknown allow-list names warn
 
 
+@pytest.mark.slow
 def test_platform_leaving_worker_cls_auto_is_a_clear_error(tmp_path):
     proc = run_python("""
         from kernelcore.config_builder import build_config
@@ -84,6 +86,7 @@ def test_platform_leaving_worker_cls_auto_is_a_clear_error(tmp_path):
     assert "dummy_platform" in proc.stderr and "check_and_update_config" in proc.stderr and "worker_cls" in proc.stderr
 
 
+@pytest.mark.slow
 def test_kc_plugins_lists_builtins_and_dummies_with_the_winner():
     report = json.loads(run_kc("plugins", "--json", KC_DUMMY_DEVICE="1").stdout)
     names = {(r["group"], r["name"]): r for r in report["plugins"]}

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import run_python
+
+pytestmark = pytest.mark.slow  # spawns an engine core
 
 SCRIPT = """
 import json
+
+import pytest
 from kernelcore.config_builder import build_config
 from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest

@@ -17,6 +17,8 @@ from kernelcore.engine.core import EngineCore
 from kernelcore.engine.request import EngineCoreRequest
 from kernelcore.structured_output.params import StructuredOutputsParams
 
+pytestmark = pytest.mark.slow  # the real SmolLM2 model and TP workers
+
 smollm2_gguf = real_models.smollm2_gguf
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}

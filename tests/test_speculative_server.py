@@ -14,6 +14,8 @@ from conftest import SMOLLM2_API_KEY
 from helpers import run_kc
 from test_server_e2e import start_server, stop_server
 
+pytestmark = pytest.mark.slow  # starts kc serve
+
 SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 KEY = "sk-spec"
 

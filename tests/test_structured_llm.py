@@ -97,6 +97,7 @@ def test_params_validation():
         json='{"type": "object"}').cache_key
 
 
+@pytest.mark.slow
 def test_mixed_with_lora_and_tensor_parallel(tmp_path):
     """Constrained, unconstrained and LoRA requests in one batch, under TP=2: the mask is built once in the
     engine core and the unconstrained requests get the tokens they get alone."""

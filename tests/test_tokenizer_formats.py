@@ -17,6 +17,8 @@ from conftest_models import make_llama_checkpoint
 from helpers import run_kc
 from test_server_e2e import start_server, stop_server
 
+pytestmark = pytest.mark.slow  # starts kc serve
+
 PROMPT = "Once upon a time, the old clockmaker"
 
 

@@ -7,6 +7,8 @@ import json
 import pytest
 from helpers import run_kc, run_python
 
+pytestmark = pytest.mark.slow  # starts servers and engines on the vendor's dummy platform
+
 GENERATE = """
     import json, torch
     from transformers import AutoModelForCausalLM

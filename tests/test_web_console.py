@@ -19,6 +19,8 @@ from helpers import clean_env
 from prometheus_client.parser import text_string_to_metric_families
 from test_server_e2e import server_log, start_server, stop_server
 
+pytestmark = pytest.mark.slow  # starts kc serve
+
 API_KEY = "sk-console"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CHROMIUM = "/usr/bin/chromium"
