@@ -12,12 +12,13 @@ python -m pip install -q setuptools wheel         # the dummy plugin packages be
 python -m pip install -q -e '.[test,cuda,ray]'    # cuda: triton (the kernel tests run in its interpreter); ray: its executor
 python -m pip install -q --no-deps --no-build-isolation ./tests/plugins/kc_dummy_*
 # KC_REQUIRE_DUMMIES=1: a missing dummy package fails the run. Two phases (tests/conftest.py): every test but the
-# `exclusive` ones on KC_TEST_WORKERS pytest-xdist workers (tests that share a server stay on one worker), then
-# the `exclusive` ones alone. Exit code 5 is pytest's "no test selected" (an argument that picks none of a phase).
+# `exclusive` ones on KC_TEST_WORKERS pytest-xdist workers (a module's tests on one worker, the longest modules
+# first), then the `exclusive` ones alone. Exit code 5 is pytest's "no test selected" (an argument that picks
+# none of a phase).
 run_phase() {
     local status=0
     KC_REQUIRE_DUMMIES=1 KC_TEST_PHASE="$1" python -m pytest -q -p no:cacheprovider "${@:2}" || status=$?
     [ "$status" = 0 ] || [ "$status" = 5 ] || exit "$status"
 }
-run_phase parallel -n "${KC_TEST_WORKERS:-2}" --dist loadgroup "$@"
+run_phase parallel -n "${KC_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder "$@"
 run_phase exclusive "$@"

@@ -28,17 +28,22 @@ def _is_ci() -> bool:
 
 # scripts/test.sh runs the suite in two phases: KC_TEST_PHASE=parallel (pytest-xdist workers, every test but the
 # `exclusive` ones) then KC_TEST_PHASE=exclusive (those alone: they measure the machine's load or compare timings,
-# which a test running beside them would disturb). Unset: every test, in this process.
+# which a test running beside them would disturb). Unset: every test, in this process, in file order.
 PHASES = ("parallel", "exclusive")
 
 
-def _share_and_split(config, items) -> None:
-    """One pytest-xdist group per module (its module-scoped servers and caches start once), and one for every test
-    on the session's SmolLM2 server (one server for all of them); then the phase's tests are kept, the others
-    deselected."""
-    for item in items:
-        uses_smollm2 = "smollm2_server" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("smollm2" if uses_smollm2 else item.nodeid.split("::")[0]))
+def _module(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _split_phase(config, items) -> None:
+    """Keep the phase's tests, deselect the others; in the parallel phase, the heaviest modules first.
+
+    The parallel phase runs with ``--dist loadscope --no-loadscope-reorder``: a module's tests stay on one worker
+    (its module-scoped servers and caches start once) and modules are handed out in the order of the items. A
+    module's weight is its `slow` tests (each starts processes or reads a real model) plus a little per other
+    test, so the long modules start first and the short ones fill in at the end, instead of one long module
+    starting when the other worker has nothing left to do."""
     phase = os.environ.get("KC_TEST_PHASE", "")
     if not phase:
         return
@@ -49,7 +54,12 @@ def _share_and_split(config, items) -> None:
         (keep if (item.get_closest_marker("exclusive") is not None) == (phase == "exclusive") else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    if phase == "parallel":
+        weight: dict[str, float] = {}
+        for item in keep:
+            weight[_module(item)] = weight.get(_module(item), 0.0) + (1.0 if item.get_closest_marker("slow") else 0.05)
+        keep.sort(key=lambda item: -weight[_module(item)])  # stable: each module's tests keep their order
+    items[:] = keep
 
 
 def pytest_configure(config):
@@ -60,11 +70,10 @@ def pytest_configure(config):
                                 f"(scripts/test.sh pip-installs tests/plugins/*)")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Share and split the run (below), then: without every dummy package (a contributor's quick run), skip the
-    modules that use them."""
-    _share_and_split(config, items)
+    """Split the run into its phase (above), then: without every dummy package (a contributor's quick run), skip
+    the modules that use them."""
+    _split_phase(config, items)
     missing = config._kc_missing_dummies
     if not missing:
         return
