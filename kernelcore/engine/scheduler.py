@@ -12,10 +12,10 @@ from kernelcore.core_types.scheduler_output import CachedRequestData, NewRequest
 from kernelcore.engine.kv_cache_manager import KVCacheManager
 from kernelcore.engine.outputs import EngineCoreOutput
 from kernelcore.engine.request import FINISH_REASONS, EngineCoreRequest, Request, RequestStatus
+from kernelcore.engine.speculative_steps import SpeculativeSteps
 from kernelcore.metrics.stats import EngineStats
 
 if TYPE_CHECKING:
-    from kernelcore.speculative.controller import SpeculativeController
     from kernelcore.structured_output.manager import StructuredOutputManager
 
 
@@ -23,7 +23,7 @@ class RequestRejected(ValueError):
     """A request that can never be served (too long for the model or the whole KV cache)."""
 
 
-class Scheduler:
+class Scheduler(SpeculativeSteps):
     def __init__(self, config: KernelConfig, num_blocks: int, block_size: int) -> None:
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.max_num_batched_tokens = config.scheduler.max_num_batched_tokens
@@ -45,7 +45,6 @@ class Scheduler:
         self.num_preemptions_total = 0
         self._step_stats = EngineStats()
         self.structured: StructuredOutputManager | None = None  # once a constrained request arrived
-        self.spec: SpeculativeController | None = None  # speculative decoding, when configured
 
     # -- requests in and out -------------------------------------------------------------------------------
 
@@ -224,27 +223,6 @@ class Scheduler:
         return SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), finished,
                                draft_token_ids=draft_token_ids)
 
-    def _propose(self) -> dict[str, list[int]]:
-        """Drafts for the running requests that decode this step, within max_tokens, the context and the grammar."""
-        assert self.spec is not None
-        candidates = []
-        for request in self.running:
-            if request.request_id in self.in_flight or request.num_computed_tokens != request.num_tokens - 1:
-                continue
-            # room for the drafts and the token sampled after them
-            limit = min(request.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens) - 1
-            if limit > 0:
-                candidates.append((request.request_id, request.all_token_ids, limit, request.num_prompt_tokens))
-        drafts = self.spec.propose(candidates) if candidates else {}
-        if self.structured is not None and drafts:
-            for request_id in list(drafts):
-                checked = self.structured.check_drafts(self.requests[request_id], drafts[request_id])
-                if checked:
-                    drafts[request_id] = checked
-                else:
-                    del drafts[request_id]
-        return drafts
-
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         stats = self._step_stats
@@ -301,18 +279,6 @@ class Scheduler:
         stats.num_running, stats.num_waiting = len(self.running), len(self.waiting)
         stats.kv_cache_usage = self.kv.usage
         return outputs
-
-    def _record_verification(self, request_id: str, drafts: list[int], accepted: list[int]) -> None:
-        assert self.spec is not None
-        self.spec.record(request_id, len(drafts), len(accepted))
-        stats = self._step_stats
-        stats.spec_num_drafts += 1
-        stats.spec_num_draft_tokens += len(drafts)
-        stats.spec_num_accepted_tokens += len(accepted)
-        per_pos = stats.spec_accepted_per_pos
-        per_pos.extend([0] * (len(drafts) - len(per_pos)))
-        for i in range(len(accepted)):
-            per_pos[i] += 1
 
     def _failure(self, request: Request, runner_output: ModelRunnerOutput) -> str | None:
         """The client's message when the workers left this request out of the step, else None."""
