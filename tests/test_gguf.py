@@ -127,8 +127,7 @@ def test_quantized_gguf_computes_with_the_stored_blocks(files, name):
     llm.shutdown()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])  # tp=2 spawns a worker
 def test_a_shard_that_would_cut_a_super_block_is_computed_in_float(tmp_path, tp):
     """Q6_K rows of 768 values are 3 super-blocks of 256: TP=1 computes with them; a row-parallel rank of TP=2
     holds 384 values per row, which no whole number of blocks makes, so that layer is dequantized to float."""

@@ -15,8 +15,6 @@ from helpers import run_python
 from lora_helpers import make_bad_shape_adapter, make_peft_adapter, make_pickle_payload_adapter
 from safetensors.torch import load_file, save_file
 
-pytestmark = pytest.mark.slow  # spawns engines and TP workers
-
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
@@ -126,6 +124,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # spawns engines and TP workers
 @pytest.mark.parametrize("tp", [1, 2])
 def test_bad_adapter_fails_alone_and_the_engine_keeps_serving(dirs, tmp_path, tp):
     marker = tmp_path / "marker"

@@ -10,8 +10,6 @@ from kernelcore.metrics import StatLoggerBase, validate_stat_loggers
 from kernelcore.metrics.logging_logger import LoggingStatLogger
 from kernelcore.metrics.stats import EngineStats
 
-pytestmark = pytest.mark.slow  # spawns an engine core
-
 
 def test_stat_logger_plugin_is_discovered_through_its_entry_point():
     out = run_python("""
@@ -47,6 +45,7 @@ def test_logging_logger_reports_throughput_queue_and_kv_usage():
     assert "Prefix cache hit rate: 50.0%" in line
 
 
+@pytest.mark.slow  # spawns an engine core
 def test_engine_feeds_every_stat_logger_each_step(tmp_path):
     stat_file = tmp_path / "stats.jsonl"
     run_python("""

@@ -19,8 +19,6 @@ from helpers import clean_env
 from prometheus_client.parser import text_string_to_metric_families
 from test_server_e2e import server_log, start_server, stop_server
 
-pytestmark = pytest.mark.slow  # starts kc serve
-
 API_KEY = "sk-console"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CHROMIUM = "/usr/bin/chromium"
@@ -191,6 +189,7 @@ def parse_csp(value: str) -> dict[str, list[str]]:
     return directives
 
 
+@pytest.mark.slow  # on the served console
 def test_page_and_assets_carry_the_csp_and_nosniff(url):
     app_js = requests.get(url + "/console/static/app.js", timeout=30)
     answers = {
@@ -383,6 +382,7 @@ def test_browser_shows_hostile_replies_and_errors_as_text(url):
             browser.close()
 
 
+@pytest.mark.slow  # on the served console
 def test_console_endpoints_need_the_key_but_the_page_does_not(url):
     assert requests.get(url + "/", timeout=30).status_code == 200
     assert requests.get(url + "/console/static/app.js", timeout=30).status_code == 200
@@ -402,6 +402,7 @@ def test_console_endpoints_need_the_key_but_the_page_does_not(url):
     assert all(e not in trace["events"] for e in later["events"])
 
 
+@pytest.mark.slow  # on the served console
 def test_vllm_prefix_parses_and_the_dashboard_finds_its_metrics(url):
     r = requests.post(url + "/v1/completions", headers=AUTH, json={"prompt": "Hi", "max_tokens": 4, "ignore_eos": True},
                       timeout=60)
@@ -424,6 +425,7 @@ def test_vllm_prefix_parses_and_the_dashboard_finds_its_metrics(url):
             assert any(n == metric or n.startswith(metric + "_") for n in names), (metric, expr)
 
 
+@pytest.mark.slow  # on the served console
 def test_default_max_tokens_applies_to_chat_and_completions(url):
     chat = requests.post(url + "/v1/chat/completions", headers=AUTH, timeout=60,
                          json={"messages": [{"role": "user", "content": "Hi"}], "ignore_eos": True}).json()
@@ -433,6 +435,7 @@ def test_default_max_tokens_applies_to_chat_and_completions(url):
     assert completion["usage"]["completion_tokens"] == 5
 
 
+@pytest.mark.slow  # on the served console
 def test_kc_chat_prints_model_and_url_and_answers_commands_locally(url):
     script = "/help\n/system Be brief.\nhello\n/reset\n/bogus\n//slash message\n/exit\nnever sent\n"
     before = scrape(url)["vllm:request_success_total"]
@@ -449,6 +452,7 @@ def test_kc_chat_prints_model_and_url_and_answers_commands_locally(url):
     assert scrape(url)["vllm:request_success_total"] == before + 2
 
 
+@pytest.mark.slow  # on the served console
 def test_log_file_has_plain_lines_no_progress_bars(served):
     text = server_log(served[1])
     assert "\r" not in text and "%|" not in text and "\x1b[" not in text, text
