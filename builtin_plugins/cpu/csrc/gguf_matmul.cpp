@@ -606,6 +606,60 @@ void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
     for (int r = 0; r < rows; ++r) store(y + n0 + r, hsum(acc[r]) + (bias ? bias[n0 + r] : 0.0f));
   }
 }
+#elif defined(KC_DEQ512)
+// One activation row on AVX-512: the same in registers. Through the tile buffer every 16 dequantized values cost
+// a store and a reload besides their FMA; decode at batch 1 is that path, and it ran at 7-9 GB/s of Q4_1 on a
+// 2-core Zen 5 whose memory gives 17 (benchmarks/gguf_matmul.py). The operations and their order are those of
+// dequant_block + tile_fma (fma32 / mul32's products, one FMA per 16 values in k order), so the bits are.
+template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1;  // (Q8_0 ran slower so, as on AVX2)
+template <int T> inline void block_regs(const uint8_t* b, __m512* w) {
+  if constexpr (T == Q8_0) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    const __m512 d = _mm512_set1_ps(fp16(b));
+    w[0] = _mm512_mul_ps(d, lo16f(v));
+    w[1] = _mm512_mul_ps(d, hi16f(v));
+  } else if constexpr (T == Q4_0) {
+    const __m256i v = _mm256_sub_epi8(nib32(b + 2), _mm256_set1_epi8(8));
+    const __m512 d = _mm512_set1_ps(fp16(b));
+    w[0] = _mm512_mul_ps(d, lo16f(v));
+    w[1] = _mm512_mul_ps(d, hi16f(v));
+  } else {
+    const __m256i v = nib32(b + 4);
+    const __m512 s = _mm512_set1_ps(fp16(b)), c = _mm512_set1_ps(fp16(b + 2));
+    w[0] = _mm512_fmadd_ps(s, lo16f(v), c);
+    w[1] = _mm512_fmadd_ps(s, hi16f(v), c);
+  }
+}
+
+template <int T, typename Y>
+void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
+                  Y* y, int num_threads) {
+  constexpr int BS = Traits<T>::BS, TILE = TK / 32, R = 8;  // 8 rows: 8 accumulators, x and w in 32 registers
+  const int64_t groups = (N + R - 1) / R, nb = K / 32;
+#pragma omp parallel for schedule(static) num_threads(kc_threads(num_threads))
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t n0 = g * R;
+    const int rows = int(std::min<int64_t>(R, N - n0));
+    const uint8_t* row[R];
+    for (int r = 0; r < R; ++r) row[r] = raw + (n0 + std::min(r, rows - 1)) * raw_stride;  // a tail repeats its last
+    fvec acc[R] = {};
+    for (int64_t b0 = 0; b0 < nb; b0 += TILE) {
+      const int64_t b1 = std::min<int64_t>(nb, b0 + TILE);
+      for (int r = 0; r < R; ++r)
+        for (int64_t o = b0 * BS; o < b1 * BS; o += 64) prefetch(row[r] + o);
+      for (int64_t b = b0; b < b1; ++b) {
+        const fvec x0 = loadv(x + b * 32), x1 = loadv(x + b * 32 + 16);
+        for (int r = 0; r < R; ++r) {
+          __m512 w[2];
+          block_regs<T>(row[r] + b * BS, w);
+          acc[r] = fmav(fvec(w[0]), x0, acc[r]);
+          acc[r] = fmav(fvec(w[1]), x1, acc[r]);
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) store(y + n0 + r, hsum(acc[r]) + (bias ? bias[n0 + r] : 0.0f));
+  }
+}
 #else
 template <int T> constexpr bool kMatvecType = false;
 template <int T, typename Y>
