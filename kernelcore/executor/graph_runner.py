@@ -65,12 +65,21 @@ def graph_capture_backend(config) -> GraphCaptureBackend | None:
 
 def capture_sizes(config) -> list[int]:
     """The batch sizes to capture, ascending: ``model.graph_capture_sizes``, else 1, 2, 4, then every 8th
-    up to max_num_seqs (at most 256), max_num_seqs itself included."""
+    up to max_num_seqs (at most 256), max_num_seqs itself included; with speculative decoding also every size
+    up to num_speculative_tokens + 1.
+
+    A size counts decode rows: a verification of k drafts is k + 1 of them (one per position, see the
+    worker), so a lone request's verification is 2 .. k + 1 rows; padded to the next size, 5 rows ran as 8
+    and cost what 8 cost."""
     limit = config.scheduler.max_num_seqs
     sizes = config.model.graph_capture_sizes
     if sizes is None:
         top = min(limit, DEFAULT_MAX_CAPTURE_SIZE)
         sizes = [s for s in [1, 2, 4, *range(8, DEFAULT_MAX_CAPTURE_SIZE + 1, 8)] if s < top] + [top]
+        if config.speculative.enabled:
+            verify_rows = min(config.speculative.num_speculative_tokens + 1, DEFAULT_MAX_CAPTURE_SIZE)
+            sizes += range(1, verify_rows + 1)
+            limit = max(limit, verify_rows)
     if any(s < 1 for s in sizes):
         raise ValueError(f"graph_capture_sizes must be positive (got {sizes})")
     return sorted({s for s in sizes if s <= limit})
