@@ -232,6 +232,12 @@ def test_capture_sizes(checkpoint):
     assert sizes(20) == [1, 2, 4, 8, 16, 20]
     assert sizes(1000)[-1] == 256
     assert sizes(16, [32, 2, 8, 2]) == [2, 8]  # none above max_num_seqs, each once
+    # Speculative decoding: a lone request's verification of k drafts is k + 1 decode rows, each size captured
+    # (else 5 rows would replay the graph of 8), even above max_num_seqs.
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    assert capture_sizes(build_config(model=checkpoint, max_num_seqs=16, speculative_config=spec)) == [
+        1, 2, 3, 4, 5, 8, 16]
+    assert capture_sizes(build_config(model=checkpoint, max_num_seqs=1, speculative_config=spec)) == [1, 2, 3, 4, 5]
     with pytest.raises(ValueError, match="positive"):
         sizes(16, [0, 4])
 
