@@ -607,11 +607,13 @@ void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
   }
 }
 #elif defined(KC_DEQ512)
-// One activation row on AVX-512: the same in registers. Through the tile buffer every 16 dequantized values cost
-// a store and a reload besides their FMA; decode at batch 1 is that path, and it ran at 7-9 GB/s of Q4_1 on a
-// 2-core Zen 5 whose memory gives 17 (benchmarks/gguf_matmul.py). The operations and their order are those of
-// dequant_block + tile_fma (fma32 / mul32's products, one FMA per 16 values in k order), so the bits are.
-template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1;  // (Q8_0 ran slower so, as on AVX2)
+// Up to 8 activation rows on AVX-512 the same way: blocks dequantized into registers, no tile buffer (through it
+// every 16 dequantized values cost a store and a reload besides their FMAs). The operations and their order are
+// those of dequant_block + tile_fma (fma32 / mul32's products, one FMA per 16 values in k order), so a row's
+// bits do not depend on the path. One row (decode at batch 1), Q4_x: 10-20% faster than the tile path on a
+// 2-core Zen 5 (Q8_0's LM head 15% slower: it stays there); 5 rows (a speculative verification of 4 drafts):
+// 1.2-1.5x a 1-row call instead of 2.1-2.8x (benchmarks/gguf_matmul.py --rows 1,5).
+template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1;
 template <int T> inline void block_regs(const uint8_t* b, __m512* w) {
   if constexpr (T == Q8_0) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
@@ -631,41 +633,8 @@ template <int T> inline void block_regs(const uint8_t* b, __m512* w) {
   }
 }
 
-template <int T, typename Y>
-void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
-                  Y* y, int num_threads) {
-  constexpr int BS = Traits<T>::BS, TILE = TK / 32, R = 8;  // 8 rows: 8 accumulators, x and w in 32 registers
-  const int64_t groups = (N + R - 1) / R, nb = K / 32;
-#pragma omp parallel for schedule(static) num_threads(kc_threads(num_threads))
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t n0 = g * R;
-    const int rows = int(std::min<int64_t>(R, N - n0));
-    const uint8_t* row[R];
-    for (int r = 0; r < R; ++r) row[r] = raw + (n0 + std::min(r, rows - 1)) * raw_stride;  // a tail repeats its last
-    fvec acc[R] = {};
-    for (int64_t b0 = 0; b0 < nb; b0 += TILE) {
-      const int64_t b1 = std::min<int64_t>(nb, b0 + TILE);
-      for (int r = 0; r < R; ++r)
-        for (int64_t o = b0 * BS; o < b1 * BS; o += 64) prefetch(row[r] + o);
-      for (int64_t b = b0; b < b1; ++b) {
-        const fvec x0 = loadv(x + b * 32), x1 = loadv(x + b * 32 + 16);
-        for (int r = 0; r < R; ++r) {
-          __m512 w[2];
-          block_regs<T>(row[r] + b * BS, w);
-          acc[r] = fmav(fvec(w[0]), x0, acc[r]);
-          acc[r] = fmav(fvec(w[1]), x1, acc[r]);
-        }
-      }
-    }
-    for (int r = 0; r < rows; ++r) store(y + n0 + r, hsum(acc[r]) + (bias ? bias[n0 + r] : 0.0f));
-  }
-}
-
-// A few activation rows (a speculative verification: k + 1 rows of one request) on AVX-512, the same way: NR
-// weight rows dequantized into registers meet MR activation rows, NR * MR accumulators. Through the tile buffer
-// a 5-row step cost 2.8x a 1-row one; what must grow with the rows is one FMA per 16 values per row.
+// NR weight rows dequantized into registers meet MR activation rows: NR * MR accumulators.
 template <int T> constexpr bool kSmallMType = T == Q4_0 || T == Q4_1 || T == Q8_0;
-constexpr int SMALL_M_MAX = 8;
 template <int T, int NR_, int MR, typename Y>
 void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
                 Y* y, int num_threads) {
@@ -699,6 +668,12 @@ void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_strid
       for (int m = 0; m < MR; ++m) store(y + m * N + n0 + r, hsum(acc[r][m]) + bv);
     }
   }
+}
+
+template <int T, typename Y>
+void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
+                  Y* y, int num_threads) {
+  float_rows<T, 4, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);  // (8 weight rows: 20% slower)
 }
 
 template <int T, typename Y>
