@@ -62,7 +62,8 @@ class PrometheusStatLogger(StatLoggerBase):
                                ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=self.registry)
         lora = getattr(config, "lora", None)
         self._lora_info, self._lora_labels = lora_info, (str(getattr(lora, "max_loras", 0)), "", "")
-        lora_info.labels(*self._lora_labels).set(0)
+        self._lora_series = lora_info.labels(*self._lora_labels)  # record() runs every step: the lookup once
+        self._lora_series.set(0)
 
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
@@ -112,11 +113,14 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)
         self.kv_cache_usage_perc.set(stats.kv_cache_usage)
-        self.prompt_tokens.inc(stats.num_prompt_tokens)
-        self.generation_tokens.inc(stats.num_generation_tokens)
-        self.num_preemptions.inc(stats.num_preemptions)
-        self.prefix_cache_queries.inc(stats.num_prefix_cache_queries)
-        self.prefix_cache_hits.inc(stats.num_prefix_cache_hits)
+        # (a counter's inc takes a lock: the zero ones, most of them most steps, are skipped)
+        for metric, value in ((self.prompt_tokens, stats.num_prompt_tokens),
+                              (self.generation_tokens, stats.num_generation_tokens),
+                              (self.num_preemptions, stats.num_preemptions),
+                              (self.prefix_cache_queries, stats.num_prefix_cache_queries),
+                              (self.prefix_cache_hits, stats.num_prefix_cache_hits)):
+            if value:
+                metric.inc(value)
         if stats.spec_num_drafts:
             self.spec_num_drafts.inc(stats.spec_num_drafts)
             self.spec_num_draft_tokens.inc(stats.spec_num_draft_tokens)
@@ -128,7 +132,8 @@ class PrometheusStatLogger(StatLoggerBase):
         if labels != self._lora_labels:  # one series: the current adapters, valued with the time they were seen
             self._lora_info.remove(*self._lora_labels)
             self._lora_labels = labels
-        self._lora_info.labels(*labels).set(stats.timestamp or 0)
+            self._lora_series = self._lora_info.labels(*labels)
+        self._lora_series.set(stats.timestamp or 0)
         num_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
         for step_tokens in stats.iteration_tokens or ([num_tokens] if num_tokens else []):
             self.iteration_tokens_total.observe(step_tokens)
