@@ -640,8 +640,7 @@ void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_strid
                 Y* y, int num_threads) {
   constexpr int BS = Traits<T>::BS, TILE = TK / 32;
   const int64_t groups = (N + NR_ - 1) / NR_, nb = K / 32;
-#pragma omp parallel for schedule(static) num_threads(kc_threads(num_threads))
-  for (int64_t g = 0; g < groups; ++g) {
+  kc_parallel_steal(groups, kc_threads(num_threads), [&](int64_t g) {
     const int64_t n0 = g * NR_;
     const int rows = int(std::min<int64_t>(NR_, N - n0));
     const uint8_t* row[NR_];
@@ -667,7 +666,7 @@ void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_strid
       const float bv = bias ? bias[n0 + r] : 0.0f;
       for (int m = 0; m < MR; ++m) store(y + m * N + n0 + r, hsum(acc[r][m]) + bv);
     }
-  }
+  });
 }
 
 template <int T, typename Y>
@@ -713,35 +712,35 @@ void float_matmul(const float* x, int64_t M, int64_t K, const uint8_t* raw, int6
   }
   if (M > 1 && float_small_m<T, Y>(x, M, K, raw, raw_stride, N, bias, y, num_threads)) return;
   const int64_t groups = (N + NR - 1) / NR;
-#pragma omp parallel num_threads(kc_threads(num_threads))
-  {
-    alignas(64) float buf[NR * TK];
-    std::vector<fvec> vacc(NR * M);
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t n0 = g * NR;
-      const int rows = int(std::min<int64_t>(NR, N - n0));
-      std::fill(vacc.begin(), vacc.end(), fvec{});
-      for (int64_t k0 = 0; k0 < K; k0 += TK) {
-        const int len = int(std::min<int64_t>(TK, K - k0));
-        for (int r = 0; r < rows; ++r) {
-          const uint8_t* row = raw + (n0 + r) * raw_stride;
-          for (int64_t o = k0 / Traits<T>::QK * Traits<T>::BS; o < (k0 + len) / Traits<T>::QK * Traits<T>::BS; o += 64)
-            prefetch(row + o);
-          dequant_span<T>(row, k0, len, buf + r * TK);
-        }
-        if (rows == NR) {
-          tile_all_rows<NR>(buf, x, M, K, k0, len, vacc.data());
-        } else {
-          for (int r = 0; r < rows; ++r) tile_all_rows<1>(buf + r * TK, x, M, K, k0, len, vacc.data() + r * M);
-        }
-      }
+  const int nt = kc_threads(num_threads);
+  constexpr int64_t BUF_VECS = NR * TK / VW;
+  std::vector<fvec> scratch(size_t(nt) * (BUF_VECS + NR * M));  // per thread: the tile buffer, the sums
+  kc_parallel_steal(groups, nt, [&](int64_t g) {
+    fvec* mine = scratch.data() + size_t(omp_get_thread_num()) * (BUF_VECS + NR * M);
+    float* buf = reinterpret_cast<float*>(mine);
+    fvec* vacc = mine + BUF_VECS;
+    const int64_t n0 = g * NR;
+    const int rows = int(std::min<int64_t>(NR, N - n0));
+    std::fill(vacc, vacc + NR * M, fvec{});
+    for (int64_t k0 = 0; k0 < K; k0 += TK) {
+      const int len = int(std::min<int64_t>(TK, K - k0));
       for (int r = 0; r < rows; ++r) {
-        const float b = bias ? bias[n0 + r] : 0.0f;
-        for (int64_t m = 0; m < M; ++m) store(y + m * N + n0 + r, hsum(vacc[r * M + m]) + b);
+        const uint8_t* row = raw + (n0 + r) * raw_stride;
+        for (int64_t o = k0 / Traits<T>::QK * Traits<T>::BS; o < (k0 + len) / Traits<T>::QK * Traits<T>::BS; o += 64)
+          prefetch(row + o);
+        dequant_span<T>(row, k0, len, buf + r * TK);
+      }
+      if (rows == NR) {
+        tile_all_rows<NR>(buf, x, M, K, k0, len, vacc);
+      } else {
+        for (int r = 0; r < rows; ++r) tile_all_rows<1>(buf + r * TK, x, M, K, k0, len, vacc + r * M);
       }
     }
-  }
+    for (int r = 0; r < rows; ++r) {
+      const float b = bias ? bias[n0 + r] : 0.0f;
+      for (int64_t m = 0; m < M; ++m) store(y + m * N + n0 + r, hsum(vacc[r * M + m]) + b);
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -11,14 +11,59 @@
 #include <immintrin.h>
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 
 // A kernel's thread count: n, or for n <= 0 the calling thread's OpenMP setting (torch.set_num_threads, one
 // runtime with torch's), read at each call: a recorded decode step then follows a thread count changed after
 // it was recorded (the CPU worker follows the cores other processes leave free).
 inline int kc_threads(int n) { return n > 0 ? n : omp_get_max_threads(); }
+
+// body(i) for i in [0, n) on `threads` threads: each thread starts on its contiguous static share, from the
+// front (one sequential stream of weight rows, which the prefetches follow), and a thread done with its own takes
+// what is left of the others' from their backs. With a plain static split a thread the OS preempts (for the
+// front end's process, the client, a neighbour) or whose core the host runs slower holds back its whole share
+// while the others spin at the loop's end (barrier waits were 10-19% of a decode step on a 2-core VM);
+// schedule(dynamic) balanced that but broke the sequential streams (7% slower when idle). Each i runs on one
+// thread, so results do not depend on who ran it.
+struct alignas(64) KcStealRange {
+  std::atomic<uint64_t> front_back;  // front << 32 | back: an owner's take and a thief's in one compare-exchange
+};
+template <typename Body>
+inline void kc_parallel_steal(int64_t n, int threads, Body&& body) {
+  if (threads <= 1 || n <= 1 || n >= (int64_t(1) << 32)) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n > 1)
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  KcStealRange local[8];
+  std::unique_ptr<KcStealRange[]> heap(threads > 8 ? new KcStealRange[threads] : nullptr);
+  KcStealRange* ranges = heap ? heap.get() : local;
+  for (int t = 0; t < threads; ++t)
+    ranges[t].front_back.store(uint64_t(n * t / threads) << 32 | uint64_t(n * (t + 1) / threads),
+                               std::memory_order_relaxed);
+#pragma omp parallel num_threads(threads)
+  {
+    const int me = omp_get_thread_num();  // (a team smaller than asked: the others take the missing shares)
+    for (int k = 0; k < threads; ++k) {
+      std::atomic<uint64_t>& fb = ranges[(me + k) % threads].front_back;
+      const bool own = k == 0;
+      uint64_t v = fb.load(std::memory_order_relaxed);
+      for (;;) {
+        const uint64_t front = v >> 32, back = v & 0xffffffffu;
+        if (front >= back) break;
+        const uint64_t next = own ? (front + 1) << 32 | back : front << 32 | (back - 1);
+        if (fb.compare_exchange_weak(v, next, std::memory_order_relaxed)) {
+          body(int64_t(own ? front : back - 1));
+          v = fb.load(std::memory_order_relaxed);
+        }
+      }
+    }
+  }
+}
 
 namespace kc {
 

@@ -224,8 +224,7 @@ void run(const Args& a, const typename L::Weight* w, int64_t M, int64_t N, int n
     // One weight row at a time, four accumulators: a single sequential stream per thread. For bfloat16/int8
     // it measured 1.4x the bandwidth of four interleaved rows; for float32 it depends on the CPU (slower on
     // an AVX2 machine, 1.09x faster on a Zen 5 EPYC), so there it is option bit 2, which the tuning times.
-#pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static)
-    for (int64_t n = 0; n < N; ++n) tile<L, Y, 1, 1, 4>(a, w + n * a.K, 0, n);
+    kc_parallel_steal(N, kc_threads(num_threads), [&](int64_t n) { tile<L, Y, 1, 1, 4>(a, w + n * a.K, 0, n); });
     return;
   }
   if (M > 4 && sizeof(W) < 4) {
@@ -249,8 +248,7 @@ void run(const Args& a, const typename L::Weight* w, int64_t M, int64_t N, int n
   }
   constexpr int NR = 4;
   const int64_t blocks = N / NR;
-#pragma omp parallel for num_threads(kc_threads(num_threads)) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) rows<L, Y, 4, NR>(a, w, M, b * NR);
+  kc_parallel_steal(blocks, kc_threads(num_threads), [&](int64_t b) { rows<L, Y, 4, NR>(a, w, M, b * NR); });
   for (int64_t n = blocks * NR; n < N; ++n) rows<L, Y, 4, 1>(a, w, M, n);
 }
 
