@@ -661,17 +661,24 @@ void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_strid
       const int64_t b1 = std::min<int64_t>(nb, b0 + TILE);
       for (int r = 0; r < NR_; ++r)
         for (int64_t o = b0 * BS; o < b1 * BS; o += 64) prefetch(row[r] + o);
+      // (the sums copied in and out per tile: indexed in place, GCC stored all NR * MR of them back to the
+      // stack every block, and a 5-row call was bound by those stores)
+      fvec a[NR_][MR];
+      for (int r = 0; r < NR_; ++r)
+        for (int m = 0; m < MR; ++m) a[r][m] = acc[r][m];
       for (int64_t b = b0; b < b1; ++b) {
         __m512 w[NR_][2];
         for (int r = 0; r < NR_; ++r) block_regs<T>(row[r] + b * BS, w[r]);
         for (int m = 0; m < MR; ++m) {
           const fvec x0 = loadv(x + m * K + b * 32), x1 = loadv(x + m * K + b * 32 + 16);
           for (int r = 0; r < NR_; ++r) {
-            acc[r][m] = fmav(fvec(w[r][0]), x0, acc[r][m]);
-            acc[r][m] = fmav(fvec(w[r][1]), x1, acc[r][m]);
+            a[r][m] = fmav(fvec(w[r][0]), x0, a[r][m]);
+            a[r][m] = fmav(fvec(w[r][1]), x1, a[r][m]);
           }
         }
       }
+      for (int r = 0; r < NR_; ++r)
+        for (int m = 0; m < MR; ++m) acc[r][m] = a[r][m];
     }
     for (int r = 0; r < rows; ++r) {
       const float bv = bias ? bias[n0 + r] : 0.0f;
