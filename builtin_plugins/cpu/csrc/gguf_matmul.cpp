@@ -613,7 +613,7 @@ void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
 // bits do not depend on the path. One row (decode at batch 1), Q4_x: 10-20% faster than the tile path on a
 // 2-core Zen 5 (Q8_0's LM head 15% slower: it stays there); 5 rows (a speculative verification of 4 drafts):
 // 1.2-1.5x a 1-row call instead of 2.1-2.8x (benchmarks/gguf_matmul.py --rows 1,5).
-template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1;
+template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1;
 // (Each 16 bytes widened to 16 int32 lanes at once, the nibbles then masked and shifted per lane: the same
 // integers and the same products as dequant_block's, in half the instructions of widening 32 int8 nibbles;
 // one-row Q4_1 matmuls went from 10-11 to 12-13 GB/s.)
@@ -622,6 +622,22 @@ template <int T> inline void block_regs(const uint8_t* b, __m512* w) {
     const __m512 d = _mm512_set1_ps(fp16(b));
     w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2)))));
     w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 18)))));
+  } else if constexpr (T == Q5_0 || T == Q5_1) {  // the fifth bits as masks: bit j of value j, bit 16 + j of 16 + j
+    const int qs = T == Q5_0 ? 6 : 8;
+    const uint32_t qh = load32(b + qs - 4);
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(b + qs))), sixteen = _mm512_set1_epi32(16);
+    __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xf)), hi = _mm512_srli_epi32(v, 4);
+    lo = _mm512_mask_add_epi32(lo, __mmask16(qh), lo, sixteen);
+    hi = _mm512_mask_add_epi32(hi, __mmask16(qh >> 16), hi, sixteen);
+    if constexpr (T == Q5_0) {
+      const __m512 d = _mm512_set1_ps(fp16(b));
+      w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen)));
+      w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen)));
+    } else {
+      const __m512 s = _mm512_set1_ps(fp16(b)), c = _mm512_set1_ps(fp16(b + 2));
+      w[0] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(lo), c);
+      w[1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(hi), c);
+    }
   } else {
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(b + (T == Q4_0 ? 2 : 4))));
     __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(0xf)), hi = _mm512_srli_epi32(v, 4);
@@ -645,7 +661,7 @@ template <int T> inline void block_regs(const uint8_t* b, __m512* w) {
 }
 
 // NR weight rows dequantized into registers meet MR activation rows: NR * MR accumulators.
-template <int T> constexpr bool kSmallMType = T == Q4_0 || T == Q4_1 || T == Q8_0;
+template <int T> constexpr bool kSmallMType = kMatvecType<T> || T == Q8_0;
 template <int T, int NR_, int MR, typename Y>
 void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
                 Y* y, int num_threads) {
