@@ -10,8 +10,8 @@ this email, quote the context: the answer copies the prompt) and free generation
 Printed per set: median tokens/s of each server (output tokens over the whole request, prefill included), the
 median per-prompt speed ratio, the same ratio after the first token (the prompt's prefill, which speculation
 cannot change, left out: the requests are streamed and timed from the first token to the last), and the
-acceptance rate from the speculative server's /metrics. The two servers' answers must be identical (greedy); a difference is
-printed. Never part of CI.
+acceptance rate from the speculative server's /metrics. The two servers' answers must be identical (greedy); a
+difference is printed. Never part of CI.
 """
 
 from __future__ import annotations
