@@ -610,10 +610,10 @@ void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
 // Up to 8 activation rows on AVX-512 the same way: blocks dequantized into registers, no tile buffer (through it
 // every 16 dequantized values cost a store and a reload besides their FMAs). The operations and their order are
 // those of dequant_block + tile_fma (fma32 / mul32's products, one FMA per 16 values in k order), so a row's
-// bits do not depend on the path. One row (decode at batch 1), Q4_x: 10-20% faster than the tile path on a
-// 2-core Zen 5 (Q8_0's LM head 15% slower: it stays there); 5 rows (a speculative verification of 4 drafts):
-// 1.2-1.5x a 1-row call instead of 2.1-2.8x (benchmarks/gguf_matmul.py --rows 1,5).
-template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1;
+// bits do not depend on the path. One row (decode at batch 1): 10-30% faster than the tile path on a 2-core
+// Zen 5 (see float_matvec for how many weight rows at a time); 5 rows (a speculative verification of 4 drafts):
+// 1.4-1.8x a 1-row call instead of 2.1-2.8x (benchmarks/gguf_matmul.py --rows 1,5).
+template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1 || T == Q8_0;
 // (Each 16 bytes widened to 16 int32 lanes at once, the nibbles then masked and shifted per lane: the same
 // integers and the same products as dequant_block's, in half the instructions of widening 32 int8 nibbles;
 // one-row Q4_1 matmuls went from 10-11 to 12-13 GB/s.)
@@ -800,7 +800,14 @@ void float_rows_k(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
 template <int T, typename Y>
 void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
                   Y* y, int num_threads) {
-  float_rows<T, 4, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);  // (8 weight rows: 20% slower)
+  // Few weight rows at a time: fewer streams from memory per thread. Q8_0 (the LM heads: memory-bound) one row:
+  // 25-27 GB/s against the tile path's 20 (Gemma 3's 178 MB LM head 8.7 -> 6.7 ms); the 4-5 bit types two
+  // (as fast as four for gate/up, 10-25% faster for down; eight were 20% slower).
+  if constexpr (T == Q8_0) {
+    float_rows<T, 1, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
+  } else {
+    float_rows<T, 2, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
+  }
 }
 
 template <int T, typename Y>
