@@ -613,7 +613,7 @@ void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
 // bits do not depend on the path. One row (decode at batch 1): 10-30% faster than the tile path on a 2-core
 // Zen 5 (see float_matvec for how many weight rows at a time); 5 rows (a speculative verification of 4 drafts):
 // 1.4-1.8x a 1-row call instead of 2.1-2.8x (benchmarks/gguf_matmul.py --rows 1,5).
-template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1 || T == Q8_0;
+template <int T> constexpr bool kMatvecType = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1 || T == Q8_0 || T == Q4_K;
 // (Each 16 bytes widened to 16 int32 lanes at once, the nibbles then masked and shifted per lane: the same
 // integers and the same products as dequant_block's, in half the instructions of widening 32 int8 nibbles;
 // one-row Q4_1 matmuls went from 10-11 to 12-13 GB/s.)
@@ -706,7 +706,7 @@ void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_strid
 // The K-quants (Q4_K, Q6_K: 256-value super-blocks) the same way for 2-8 rows, 32 values at a time: each row's
 // sub-block scales made once per super-block (d * sc and -(dmin * mn), as dequant_block makes them), then the
 // values of one 32-value chunk j in two registers, in dequant_block's order (Gemma 3's o/down projections).
-// 5 rows: 0.75-0.85x the tile path's time; one row stays there (this was 1.0-1.3x its time).
+// 5 rows: 0.75-0.85x the tile path's time; one row: see float_matvec.
 template <int T> constexpr bool kRegsK = T == Q4_K || T == Q6_K;
 template <int T> struct KScales;
 template <> struct KScales<Q4_K> {
@@ -802,8 +802,11 @@ void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
                   Y* y, int num_threads) {
   // Few weight rows at a time: fewer streams from memory per thread. Q8_0 (the LM heads: memory-bound) one row:
   // 25-27 GB/s against the tile path's 20 (Gemma 3's 178 MB LM head 8.7 -> 6.7 ms); the 4-5 bit types two
-  // (as fast as four for gate/up, 10-25% faster for down; eight were 20% slower).
-  if constexpr (T == Q8_0) {
+  // (as fast as four for gate/up, 10-25% faster for down; eight were 20% slower). Q4_K one row (15-25% faster
+  // than the tile path; Q6_K, 10% slower so, stays there).
+  if constexpr (T == Q4_K) {
+    float_rows_k<T, 1, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
+  } else if constexpr (T == Q8_0) {
     float_rows<T, 1, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
   } else {
     float_rows<T, 2, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
