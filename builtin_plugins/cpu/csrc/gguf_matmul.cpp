@@ -500,11 +500,27 @@ inline fvec fmav(fvec w, fvec x, fvec acc) {
 #endif
 }
 // (not inlined: -ffast-math may reassociate the sum differently at each inlined site, and a row's bits must
-// not depend on which kernel computed it)
+// not depend on which kernel computed it). A fixed tree of halvings where there are vector registers: the
+// one-row kernels take one sum per output row, and the serial loop was 8% of Gemma 3's decode step (its LM head
+// has 262,144 rows).
 __attribute__((noinline)) float hsum(fvec v) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+#ifdef __AVX512F__
+  const __m512 x = v;
+  const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(x), upper);
+#else
+  __m256 h = v;
+#endif
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+#else
   float s = 0;
   for (int i = 0; i < VW; ++i) s += v[i];
   return s;
+#endif
 }
 
 template <int T>
