@@ -2,6 +2,7 @@
 
     python benchmarks/batch1_profile.py --dtype float32
     python benchmarks/batch1_profile.py --dtype bfloat16 --quantization int8
+    python benchmarks/batch1_profile.py --model ~/.cache/kernelcore/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 Wall-clock totals of the engine's stages over one 128 + 128 request (inclusive: core.step contains the
 worker, the worker contains the runner, the runner contains the forward and the LM head). Whatever the step
@@ -41,7 +42,8 @@ def _timed(totals: collections.Counter, cls: type, name: str, key: str) -> None:
 @click.option("--threads", type=int, default=None)
 @click.option("--num-runs", type=int, default=3, show_default=True)
 @click.option("--checkpoint-dir", type=click.Path(), default=None)
-def main(dtype, quantization, threads, num_runs, checkpoint_dir):
+@click.option("--model", default=None, help="A .gguf file or checkpoint directory instead of the random Llama-125M.")
+def main(dtype, quantization, threads, num_runs, checkpoint_dir, model):
     import tempfile
 
     from kernelcore import LLM, SamplingParams
@@ -51,7 +53,7 @@ def main(dtype, quantization, threads, num_runs, checkpoint_dir):
     from kernelcore.executor.sampler import Sampler
     from kernelcore.executor.worker import WorkerBase
 
-    path = build_checkpoint("llama", checkpoint_dir or tempfile.mkdtemp(prefix="kc-b1-"))
+    path = model or build_checkpoint("llama", checkpoint_dir or tempfile.mkdtemp(prefix="kc-b1-"))
     llm = LLM(path, dtype=dtype, quantization=quantization, max_model_len=2048, kv_cache_memory=1 << 30,
               max_num_seqs=32, num_threads=threads)
     model_cls = type(llm.engine_core.executor.worker.model_runner.model)
@@ -67,7 +69,7 @@ def main(dtype, quantization, threads, num_runs, checkpoint_dir):
     for run in range(num_runs):
         totals.clear()
         start = time.perf_counter()
-        llm.generate([{"prompt_token_ids": list(range(500 + run, 628 + run))}], params, use_tqdm=False)
+        llm.generate([{"prompt_token_ids": list(range(500 + run, 628 + run))}], params, use_tqdm=False)  # (ids < 32000)
         total = time.perf_counter() - start
         click.echo(f"{dtype} {quantization or ''} run {run + 1}: {128 / total:.1f} tok/s, "
                    f"request {total * 1e3:.0f} ms, load {os.getloadavg()[0]:.1f}")
