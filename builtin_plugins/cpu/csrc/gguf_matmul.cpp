@@ -676,56 +676,19 @@ template <int T> inline void block_regs(const uint8_t* b, __m512* w) {
   }
 }
 
-// NR weight rows dequantized into registers meet MR activation rows: NR * MR accumulators.
-template <int T> constexpr bool kSmallMType = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1 || T == Q8_0;
-template <int T, int NR_, int MR, typename Y>
-void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
-                Y* y, int num_threads) {
-  constexpr int BS = Traits<T>::BS, TILE = TK / 32;
-  const int64_t groups = (N + NR_ - 1) / NR_, nb = K / 32;
-  kc_parallel_steal(groups, kc_threads(num_threads), [&](int64_t g) {
-    const int64_t n0 = g * NR_;
-    const int rows = int(std::min<int64_t>(NR_, N - n0));
-    const uint8_t* row[NR_];
-    for (int r = 0; r < NR_; ++r) row[r] = raw + (n0 + std::min(r, rows - 1)) * raw_stride;
-    fvec acc[NR_][MR] = {};
-    for (int64_t b0 = 0; b0 < nb; b0 += TILE) {
-      const int64_t b1 = std::min<int64_t>(nb, b0 + TILE);
-      for (int r = 0; r < NR_; ++r)
-        for (int64_t o = b0 * BS; o < b1 * BS; o += 64) prefetch(row[r] + o);
-      // (the sums copied in and out per tile: indexed in place, GCC stored all NR * MR of them back to the
-      // stack every block, and a 5-row call was bound by those stores)
-      fvec a[NR_][MR];
-      for (int r = 0; r < NR_; ++r)
-        for (int m = 0; m < MR; ++m) a[r][m] = acc[r][m];
-      for (int64_t b = b0; b < b1; ++b) {
-        __m512 w[NR_][2];
-        for (int r = 0; r < NR_; ++r) block_regs<T>(row[r] + b * BS, w[r]);
-        for (int m = 0; m < MR; ++m) {
-          const fvec x0 = loadv(x + m * K + b * 32), x1 = loadv(x + m * K + b * 32 + 16);
-          for (int r = 0; r < NR_; ++r) {
-            a[r][m] = fmav(fvec(w[r][0]), x0, a[r][m]);
-            a[r][m] = fmav(fvec(w[r][1]), x1, a[r][m]);
-          }
-        }
-      }
-      for (int r = 0; r < NR_; ++r)
-        for (int m = 0; m < MR; ++m) acc[r][m] = a[r][m];
-    }
-    for (int r = 0; r < rows; ++r) {
-      const float bv = bias ? bias[n0 + r] : 0.0f;
-      for (int m = 0; m < MR; ++m) store(y + m * N + n0 + r, hsum(acc[r][m]) + bv);
-    }
-  });
-}
-
-// The K-quants (Q4_K, Q6_K: 256-value super-blocks) the same way for 2-8 rows, 32 values at a time: each row's
-// sub-block scales made once per super-block (d * sc and -(dmin * mn), as dequant_block makes them), then the
-// values of one 32-value chunk j in two registers, in dequant_block's order (Gemma 3's o/down projections).
-// 5 rows: 0.75-0.85x the tile path's time; one row: see float_matvec.
+// How the register kernels read a type: 256-value units (a K-quant super-block, or eight 32-value blocks), each
+// 8 chunks of 32 values; make() once per unit and row (a K-quant's sub-block scales: d * sc and -(dmin * mn), as
+// dequant_block makes them), chunk(j) the unit's values 32 j .. 32 j + 31 in two registers, in dequant_block's
+// order.
 template <int T> constexpr bool kRegsK = T == Q4_K || T == Q6_K;
-template <int T> struct KScales;
-template <> struct KScales<Q4_K> {
+template <int T> constexpr bool kRegsType = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q5_1 || T == Q8_0 || kRegsK<T>;
+template <int T> struct Chunks {  // the 32-value block types
+  static constexpr int UNIT_BYTES = 8 * Traits<T>::BS;
+  void make(const uint8_t*) {}
+  void chunk(const uint8_t* unit, int j, __m512* w) const { block_regs<T>(unit + j * Traits<T>::BS, w); }
+};
+template <> struct Chunks<Q4_K> {
+  static constexpr int UNIT_BYTES = Traits<Q4_K>::BS;
   float s[8], c[8];
   void make(const uint8_t* b) {
     const float d = fp16(b), dmin = fp16(b + 2);
@@ -745,7 +708,8 @@ template <> struct KScales<Q4_K> {
     }
   }
 };
-template <> struct KScales<Q6_K> {
+template <> struct Chunks<Q6_K> {
+  static constexpr int UNIT_BYTES = Traits<Q6_K>::BS;
   float s[16];
   void make(const uint8_t* b) {
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
@@ -771,30 +735,34 @@ template <> struct KScales<Q6_K> {
   }
 };
 
+// NR weight rows dequantized into registers meet MR activation rows: NR * MR accumulators.
 template <int T, int NR_, int MR, typename Y>
-void float_rows_k(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
-                  Y* y, int num_threads) {
-  constexpr int BS = Traits<T>::BS;
-  const int64_t groups = (N + NR_ - 1) / NR_, nsb = K / 256;
+void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
+                Y* y, int num_threads) {
+  constexpr int UB = Chunks<T>::UNIT_BYTES;
+  const int64_t groups = (N + NR_ - 1) / NR_, units = (K + 255) / 256;
   kc_parallel_steal(groups, kc_threads(num_threads), [&](int64_t g) {
     const int64_t n0 = g * NR_;
     const int rows = int(std::min<int64_t>(NR_, N - n0));
     const uint8_t* row[NR_];
     for (int r = 0; r < NR_; ++r) row[r] = raw + (n0 + std::min(r, rows - 1)) * raw_stride;
     fvec acc[NR_][MR] = {};
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      KScales<T> sc[NR_];
+    for (int64_t u = 0; u < units; ++u) {
+      const int chunks = int(std::min<int64_t>(8, (K - u * 256) / 32));  // (a 32-value type's last unit: fewer)
+      Chunks<T> src[NR_];
       for (int r = 0; r < NR_; ++r) {
-        for (int64_t o = sb * BS; o < (sb + 1) * BS; o += 64) prefetch(row[r] + o);
-        sc[r].make(row[r] + sb * BS);
+        for (int64_t o = u * UB; o < u * UB + chunks * UB / 8; o += 64) prefetch(row[r] + o);
+        src[r].make(row[r] + u * UB);
       }
-      fvec a[NR_][MR];  // (copied in and out: see float_rows)
+      // (the sums copied in and out per unit: indexed in place, GCC stored all NR * MR of them back to the
+      // stack every block, and a 5-row call was bound by those stores)
+      fvec a[NR_][MR];
       for (int r = 0; r < NR_; ++r)
         for (int m = 0; m < MR; ++m) a[r][m] = acc[r][m];
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < chunks; ++j) {
         __m512 w[NR_][2];
-        for (int r = 0; r < NR_; ++r) sc[r].chunk(row[r] + sb * BS, j, w[r]);
-        const int64_t k = sb * 256 + j * 32;
+        for (int r = 0; r < NR_; ++r) src[r].chunk(row[r] + u * UB, j, w[r]);
+        const int64_t k = u * 256 + j * 32;
         for (int m = 0; m < MR; ++m) {
           const fvec x0 = loadv(x + m * K + k), x1 = loadv(x + m * K + k + 16);
           for (int r = 0; r < NR_; ++r) {
@@ -816,43 +784,33 @@ void float_rows_k(const float* x, int64_t K, const uint8_t* raw, int64_t raw_str
 template <int T, typename Y>
 void float_matvec(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
                   Y* y, int num_threads) {
-  // Few weight rows at a time: fewer streams from memory per thread. Q8_0 (the LM heads: memory-bound) one row:
-  // 25-27 GB/s against the tile path's 20 (Gemma 3's 178 MB LM head 8.7 -> 6.7 ms); the 4-5 bit types two
-  // (as fast as four for gate/up, 10-25% faster for down; eight were 20% slower). Q4_K one row (15-25% faster
-  // than the tile path; Q6_K, 10% slower so, stays there).
-  if constexpr (T == Q4_K) {
-    float_rows_k<T, 1, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
-  } else if constexpr (T == Q8_0) {
-    float_rows<T, 1, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
-  } else {
-    float_rows<T, 2, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
-  }
+  // Few weight rows at a time: fewer streams from memory per thread. Q8_0 (the LM heads: memory-bound) and Q4_K
+  // one row: 25-27 GB/s against the tile path's 20 (Gemma 3's 178 MB LM head 8.7 -> 6.7 ms), Q4_K 15-25% faster
+  // than the tile path; the 4-5 bit types two (as fast as four for gate/up, 10-25% faster for down; eight were
+  // 20% slower). Q6_K, 10% slower here at one row, stays on the tile path (kMatvecType).
+  float_rows<T, (T == Q8_0 || T == Q4_K) ? 1 : 2, 1, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
+}
+
+// 4 weight rows x M sums up to 5 rows (2 rows for a K-quant's 3+, whose unit scales are held too), 2 x M above.
+template <int T, int MR, typename Y>
+void float_rows_m(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
+                  Y* y, int num_threads) {
+  constexpr int NR_ = (kRegsK<T> ? MR <= 2 : MR <= 5) ? 4 : 2;
+  float_rows<T, NR_, MR, Y>(x, K, raw, raw_stride, N, bias, y, num_threads);
 }
 
 template <int T, typename Y>
 bool float_small_m(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
                    const float* bias, Y* y, int num_threads) {
-  if constexpr (kRegsK<T>) {
-    switch (M) {  // (the scales of NR rows held per super-block: 2 x M accumulators)
-      case 2: float_rows_k<T, 4, 2, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 3: float_rows_k<T, 2, 3, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 4: float_rows_k<T, 2, 4, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 5: float_rows_k<T, 2, 5, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 6: float_rows_k<T, 2, 6, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 7: float_rows_k<T, 2, 7, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 8: float_rows_k<T, 2, 8, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      default: return false;
-    }
-  }
-  if constexpr (kSmallMType<T>) {
-    switch (M) {  // 4 x M accumulators up to 5 rows, 2 x M above (8 weight registers, 2 of x)
-      case 2: float_rows<T, 4, 2, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 3: float_rows<T, 4, 3, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 4: float_rows<T, 4, 4, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 5: float_rows<T, 4, 5, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 6: float_rows<T, 2, 6, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 7: float_rows<T, 2, 7, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      case 8: float_rows<T, 2, 8, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
+  if constexpr (kRegsType<T>) {
+    switch (M) {
+      case 2: float_rows_m<T, 2, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
+      case 3: float_rows_m<T, 3, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
+      case 4: float_rows_m<T, 4, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
+      case 5: float_rows_m<T, 5, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
+      case 6: float_rows_m<T, 6, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
+      case 7: float_rows_m<T, 7, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
+      case 8: float_rows_m<T, 8, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
       default: return false;
     }
   }
