@@ -222,3 +222,44 @@ def test_sliding_window_prefill_chunks_and_decodes_past_the_window(shape, window
     results = run_steps(impl, steps, block_size, dtype)
     for out, reference in results:
         torch.testing.assert_close(out.float(), reference, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,window", [((9, 3, 64, 16), None), ((4, 1, 256, 16), None), ((12, 4, 64, 32), None),
+                                          ((4, 1, 256, 16), 700)],
+                         ids=["smollm2", "gemma3", "block32", "gemma3-window"])
+def test_long_sequences_decode_in_spans(shape, window, dtype):
+    """Sequences longer than a span (512 positions) are decoded as several work items merged by their softmax
+    sums: against dense attention, with a sliding window whose start falls inside a span too."""
+    num_heads, num_kv_heads, head_size, block_size = shape
+    impl = make_impl(num_heads, num_kv_heads, head_size, native=True, sliding_window=window)
+    steps = [[(0, 1100), (0, 520), (0, 3)], [(1100, 1), (520, 1), (3, 1)], [(1101, 1), (521, 1), (4, 1)]]
+    for out, reference in run_steps(impl, steps, block_size, dtype, seed=3):
+        torch.testing.assert_close(out.float(), reference, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(9, 3, 64, 16), (4, 1, 256, 16)], ids=["smollm2", "gemma3"])
+def test_a_sequences_decode_bits_do_not_depend_on_its_batch(shape, dtype):
+    """A long sequence decoded alone and inside a batch of nine (where the work items become whole sequences,
+    and other sequences' spans run beside its own) gives the same bits: speculative verification's rows must
+    equal plain decoding's."""
+    num_heads, num_kv_heads, head_size, block_size = shape
+    impl = make_impl(num_heads, num_kv_heads, head_size, native=True)
+    lengths = [1500, 3, 513, 700, 64, 1030, 2, 900, 1]
+    generator = torch.Generator().manual_seed(11)
+    num_blocks = sum(-(-n // block_size) for n in lengths) + 1
+    cache_shape = CpuAttentionBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+    kv_cache = torch.randn(cache_shape, generator=generator).to(dtype)
+    tables = make_tables(lengths, block_size, num_blocks, generator)
+    q, k, v = (torch.randn(len(lengths), heads, head_size, generator=generator).to(dtype)
+               for heads in (num_heads, num_kv_heads, num_kv_heads))
+
+    def decode(which: list[int]) -> torch.Tensor:
+        metadata = metadata_for([(lengths[i] - 1, 1) for i in which], [tables[i] for i in which], block_size)
+        return impl.forward(q[which].flatten(1), k[which].flatten(1), v[which].flatten(1), kv_cache,
+                            metadata).view(len(which), num_heads, head_size)
+
+    batch = decode(list(range(len(lengths))))
+    for i in (0, 2, 5, 1):
+        assert torch.equal(decode([i])[0], batch[i]), f"sequence {i} (length {lengths[i]})"

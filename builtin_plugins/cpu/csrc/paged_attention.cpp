@@ -69,7 +69,9 @@ constexpr int divisor_at_most(int n, int limit) {
   return 1;
 }
 
-inline void softmax_numerators(float* scores, int64_t stride, int64_t group, int64_t seq_len, float* inv_sum) {
+// scores[g, t] -> exp(scores[g, t] - max_g); inv_sum[g] = 1 / sum_t of them (and max_g, the sum, when asked).
+inline void softmax_numerators(float* scores, int64_t stride, int64_t group, int64_t seq_len, float* inv_sum,
+                               float* maxes = nullptr, float* sums = nullptr) {
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores + g * stride;
     float max_score = sg[0];
@@ -80,6 +82,7 @@ inline void softmax_numerators(float* scores, int64_t stride, int64_t group, int
       sum += sg[t];
     }
     inv_sum[g] = 1.f / sum;
+    if (maxes) maxes[g] = max_score, sums[g] = sum;
   }
 }
 
@@ -129,14 +132,22 @@ inline void prefetch(const void* start, int64_t bytes) {
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset, 0, 1);
 }
 
+// A span of a sequence's positions [lo, hi) that one work item reads; with `partial` set, the item writes its
+// rows' (max score, sum of exponentials, unnormalised weighted sum of values) there, hs + 2 floats a row, for
+// merge_spans; without, the finished output.
+struct Span {
+  int64_t lo, hi;
+  float* partial;
+};
+
 // One sequence's kv heads [0, num_item_heads) (pointers already at the first) for head size 16 * NV and
 // block size 16 * NB, with GCC vector types (AVX-512 / AVX2 / NEON as the machine has). Keys are stored
 // transposed ([hs, bs] per block and head), so a query meets a whole block of keys in one vector FMA per d;
 // values are [bs, hs] rows. Blocks are the outer loop: each block's slabs for these heads are adjacent in
 // memory, so a sequence's cache is read as a few long streams instead of many 4 KiB pieces.
 template <typename T, int NV, int NB>
-void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table, int64_t seq_len,
-                    T* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
+void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table, int64_t query_len,
+                    const Span& span, T* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
   constexpr int64_t hs = 16 * NV, bs = 16 * NB, slab = hs * bs;
   // Query rows per pass over a block, so that each pass's accumulators fit the registers: for the scores a
   // block is bs / VW vectors per row; for the values a row is hs / VW vectors, taken CW at a time.
@@ -145,7 +156,8 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
   const int64_t group = s.num_heads / s.num_kv_heads, num_rows = num_item_heads * group;
   const int64_t block_stride = s.num_kv_heads * slab;  // one block holds every kv head's slab
   // Scores cover whole blocks from the first visible one: position t is column t - base.
-  const int64_t start = first_visible(s, seq_len), first_block = start / bs, base = first_block * bs;
+  const int64_t seq_len = span.hi;  // (below: the span's end)
+  const int64_t start = std::max(first_visible(s, query_len), span.lo), first_block = start / bs, base = first_block * bs;
   const int64_t stride = (seq_len - base + bs - 1) / bs * bs;  // a score row per query head
   for (int64_t i = 0; i < num_rows * hs; ++i) qf[i] = to_float(q[i]) * s.scale;
 
@@ -165,9 +177,9 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
       }
     }
   }
-  float inv_sum[1024];
+  float inv_sum[1024], maxes[1024], sums[1024];
   const int64_t skip = start - base;  // the first block's positions before the window
-  softmax_numerators(scores + skip, stride, num_rows, seq_len - start, inv_sum);
+  softmax_numerators(scores + skip, stride, num_rows, seq_len - start, inv_sum, span.partial ? maxes : nullptr, sums);
   for (int64_t row = 0; row < num_rows; ++row) std::fill(scores + row * stride, scores + row * stride + skip, 0.f);
 
   // Pass 2: out[row] = sum_t p[row, t] v_t / sum, accumulated in qf (no longer needed) between blocks.
@@ -189,8 +201,38 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
       }
     }
   }
+  if (span.partial) {
+    for (int64_t row = 0; row < num_rows; ++row) {
+      float* p = span.partial + row * (hs + 2);
+      p[0] = maxes[row], p[1] = sums[row];
+      std::memcpy(p + 2, acc + row * hs, hs * sizeof(float));
+    }
+    return;
+  }
   for (int64_t row = 0; row < num_rows; ++row)
     for (int64_t d = 0; d < hs; ++d) store(out + row * hs + d, acc[row * hs + d] * inv_sum[row]);
+}
+
+// out[row] from a sequence's spans in order: the softmax over all of them, each span's sums rescaled to the
+// largest max (the order and the operations fixed, so a row's bits depend only on its sequence).
+template <typename T>
+void merge_spans(const float* partials, int64_t num_spans, int64_t num_rows, int64_t hs, T* out) {
+  const int64_t span_floats = num_rows * (hs + 2);
+  std::vector<float> acc(hs);
+  for (int64_t row = 0; row < num_rows; ++row) {
+    float max_score = partials[row * (hs + 2)];
+    for (int64_t c = 1; c < num_spans; ++c) max_score = std::max(max_score, partials[c * span_floats + row * (hs + 2)]);
+    float sum = 0.f;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t c = 0; c < num_spans; ++c) {
+      const float* p = partials + c * span_floats + row * (hs + 2);
+      const float w = std::exp(p[0] - max_score);
+      sum += p[1] * w;
+      for (int64_t d = 0; d < hs; ++d) acc[d] += p[2 + d] * w;
+    }
+    const float inv_sum = 1.f / sum;
+    for (int64_t d = 0; d < hs; ++d) store(out + row * hs + d, acc[d] * inv_sum);
+  }
 }
 
 // Any head and block size, plain loops (the vector path covers the common shapes).
@@ -232,73 +274,122 @@ void decode_one_head(const T* q, const T* k_cache, const T* v_cache, const int64
 template <typename T>
 void decode_one_generic(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table,
                         int64_t seq_len, T* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
+  // (whole sequences only: decode_all never splits for this path)
   const int64_t group_elems = s.num_heads / s.num_kv_heads * s.head_size, slab = s.head_size * s.block_size;
   for (int64_t h = 0; h < num_item_heads; ++h)
     decode_one_head(q + h * group_elems, k_cache + h * slab, v_cache + h * slab, block_table, seq_len,
                     out + h * group_elems, s, scores, qf);
 }
 
-using DecodeOne = void (*)(const void*, const void*, const void*, const int64_t*, int64_t, void*, const Shape&,
-                           int64_t, float*, float*);
+using DecodeOne = void (*)(const void*, const void*, const void*, const int64_t*, int64_t, const Span&, void*,
+                           const Shape&, int64_t, float*, float*);
+using MergeSpans = void (*)(const float*, int64_t, int64_t, int64_t, void*);
+struct Decoder {
+  DecodeOne decode_one;
+  bool splits;  // whether decode_one takes a span shorter than the sequence
+  MergeSpans merge;
+};
 
 template <typename T, int NV, int NB>
-void vec_entry(const void* q, const void* k, const void* v, const int64_t* bt, int64_t len, void* out,
-               const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
+void vec_entry(const void* q, const void* k, const void* v, const int64_t* bt, int64_t len, const Span& span,
+               void* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
   decode_one_vec<T, NV, NB>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), bt, len,
-                            static_cast<T*>(out), s, num_item_heads, scores, qf);
+                            span, static_cast<T*>(out), s, num_item_heads, scores, qf);
 }
 
 template <typename T>
-void generic_entry(const void* q, const void* k, const void* v, const int64_t* bt, int64_t len, void* out,
-                   const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
+void generic_entry(const void* q, const void* k, const void* v, const int64_t* bt, int64_t len, const Span&,
+                   void* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
   decode_one_generic<T>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), bt, len,
                         static_cast<T*>(out), s, num_item_heads, scores, qf);
 }
 
+template <typename T>
+void merge_entry(const float* partials, int64_t num_spans, int64_t num_rows, int64_t hs, void* out) {
+  merge_spans<T>(partials, num_spans, num_rows, hs, static_cast<T*>(out));
+}
+
 template <typename T, int NV>
-DecodeOne pick_block(int64_t block_size) {
-  if (block_size == 16) return vec_entry<T, NV, 1>;
-  if (block_size == 32) return vec_entry<T, NV, 2>;
-  return generic_entry<T>;
+Decoder pick_block(int64_t block_size) {
+  if (block_size == 16) return {vec_entry<T, NV, 1>, true, merge_entry<T>};
+  if (block_size == 32) return {vec_entry<T, NV, 2>, true, merge_entry<T>};
+  return {generic_entry<T>, false, merge_entry<T>};
 }
 
 template <typename T>
-DecodeOne pick(const Shape& s) {
+Decoder pick(const Shape& s) {
   switch (s.head_size) {
     case 64: return pick_block<T, 4>(s.block_size);
     case 80: return pick_block<T, 5>(s.block_size);
     case 96: return pick_block<T, 6>(s.block_size);
     case 128: return pick_block<T, 8>(s.block_size);
     case 256: return pick_block<T, 16>(s.block_size);  // Gemma 3 (the plain loops were 3% of its decode step)
-    default: return generic_entry<T>;
+    default: return {generic_entry<T>, false, merge_entry<T>};
   }
 }
 
-void decode_all(DecodeOne decode_one, int64_t element_size, const char* q, const char* k_cache,
-                const char* v_cache, const int64_t* block_tables, const int64_t* seq_lens, char* out,
-                int64_t num_seqs, int64_t max_seq_len, const Shape& s, int num_threads) {
+// Positions per span of a long sequence: a sequence's spans start at multiples of it, whatever the batch around
+// it, so its rows' bits never depend on the batch; one span (every sequence up to this long) is the whole
+// sequence, computed as before spans existed. At batch 1 the work items were its kv heads alone: SmolLM2's 3 on 2
+// threads left one thread idle a third of the time, Gemma 3's 1 kept one thread for the whole attention.
+constexpr int64_t SPAN = 512;
+
+void decode_all(const Decoder& decoder, int64_t element_size, const char* q, const char* k_cache, const char* v_cache,
+                const int64_t* block_tables, const int64_t* seq_lens, char* out, int64_t num_seqs,
+                int64_t max_seq_len, const Shape& s, int num_threads) {
   const int64_t group = s.num_heads / s.num_kv_heads;
   // A work item is a whole sequence (its cache streamed block by block), or one (sequence, kv head) when
-  // there are too few sequences to keep every thread busy.
+  // there are too few sequences to keep every thread busy, and one span of it when the sequence is long.
   const int64_t item_heads = num_seqs >= 4 * kc_threads(num_threads) ? s.num_kv_heads : 1;
-  const int64_t items_per_seq = s.num_kv_heads / item_heads, num_items = num_seqs * items_per_seq;
+  const int64_t items_per_seq = s.num_kv_heads / item_heads;
   const int64_t head_stride = s.head_size * s.block_size * element_size;  // one kv head's slab of a block
   const int64_t padded_len = (std::max<int64_t>(max_seq_len, 1) + s.block_size - 1) / s.block_size * s.block_size;
+  const int64_t rows = item_heads * group, span_floats = rows * (s.head_size + 2);
+  struct Item {
+    int64_t seq, kv_head, lo, hi, slot;  // slot: its partial sums' index among partials, -1 for a whole sequence
+  };
+  struct Merge {
+    int64_t seq, kv_head, first, num_spans;
+  };
+  std::vector<Item> items;
+  std::vector<Merge> merges;
+  int64_t num_partials = 0;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
+    const int64_t len = seq_lens[seq], lo = first_visible(s, len) / SPAN * SPAN;
+    const int64_t spans = decoder.splits && len > 0 ? (len - lo + SPAN - 1) / SPAN : 1;
+    for (int64_t i = 0; i < items_per_seq; ++i) {
+      if (spans > 1) merges.push_back({seq, i * item_heads, num_partials, spans});
+      for (int64_t c = 0; c < spans; ++c)
+        items.push_back(spans > 1 ? Item{seq, i * item_heads, lo + c * SPAN, std::min(len, lo + (c + 1) * SPAN),
+                                         num_partials++}
+                                  : Item{seq, i * item_heads, 0, len, -1});
+    }
+  }
+  std::vector<float> partials(num_partials * span_floats);
+  const int64_t num_items = int64_t(items.size()), num_merges = int64_t(merges.size());
 #pragma omp parallel num_threads(kc_threads(num_threads))
   {
-    std::vector<float> scores(item_heads * group * padded_len), qf(item_heads * group * s.head_size);
+    std::vector<float> scores(rows * padded_len), qf(rows * s.head_size);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < num_items; ++item) {
-      const int64_t seq = item / items_per_seq, kv_head = item % items_per_seq * item_heads;
-      const int64_t seq_len = seq_lens[seq];
-      const int64_t head_offset = (seq * s.num_heads + kv_head * group) * s.head_size * element_size;
+    for (int64_t i = 0; i < num_items; ++i) {
+      const Item& item = items[i];
+      const int64_t seq_len = seq_lens[item.seq];
+      const int64_t head_offset = (item.seq * s.num_heads + item.kv_head * group) * s.head_size * element_size;
       if (seq_len <= 0) {  // nothing to attend to: zeros, as an empty softmax-weighted sum
-        std::memset(out + head_offset, 0, item_heads * group * s.head_size * element_size);
+        std::memset(out + head_offset, 0, rows * s.head_size * element_size);
         continue;
       }
-      decode_one(q + head_offset, k_cache + kv_head * head_stride, v_cache + kv_head * head_stride,
-                 block_tables + seq * s.max_blocks, seq_len, out + head_offset, s, item_heads, scores.data(),
-                 qf.data());
+      const Span span{item.lo, item.hi, item.slot < 0 ? nullptr : partials.data() + item.slot * span_floats};
+      decoder.decode_one(q + head_offset, k_cache + item.kv_head * head_stride, v_cache + item.kv_head * head_stride,
+                         block_tables + item.seq * s.max_blocks, seq_len, span, out + head_offset, s, item_heads,
+                         scores.data(), qf.data());
+    }
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < num_merges; ++m) {
+      const Merge& merge = merges[m];
+      const int64_t head_offset = (merge.seq * s.num_heads + merge.kv_head * group) * s.head_size * element_size;
+      decoder.merge(partials.data() + merge.first * span_floats, merge.num_spans, rows, s.head_size,
+                    out + head_offset);
     }
   }
 }
