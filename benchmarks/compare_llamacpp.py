@@ -34,6 +34,10 @@ Workloads (fixed seed, a Llama-125M-shaped random checkpoint with a byte-fallbac
            Measured on a second pair of servers with a long enough context (kc --max-model-len, llama-server
            -np 1 -c); with --gguf the prompt is cut to fit the file's context and the length used is printed.
            ttft8k takes minutes on 2 cores and is not in the default set.
+  decode4k: decoding after a long prompt (RAG, agents): one streamed request with a 4000-token prompt (fresh
+           every run, as the ttft ones) and 128 tokens out, on the TTFT servers; tokens per second from the first
+           streamed token to the last, so the prefill is left out and the decode attention reads 4000+ positions
+           of K/V at every step.
 
 Ratios are oriented so that > 1.00x means kc is faster: kc/llama for tok/s, llama/kc for TTFT (the resident
 memory row: kc/llama, > 1.00x means kc uses more).
@@ -70,6 +74,9 @@ PRECISIONS = {  # name -> (kc serve flags, GGUF outtype)
 BASE_WORKLOADS = ("uniform", "mixed", "batch1", "stream1", "neighbour1")
 TTFT_WORKLOADS = {"ttft512": 512, "ttft2k": 2048, "ttft8k": 8000}  # name -> prompt tokens
 TTFT_OUT = 4  # tokens out of a TTFT request
+LONG_DECODE_WORKLOADS = {"decode4k": 4000}  # name -> prompt tokens; decoded on the TTFT servers
+LONG_DECODE_OUT = 128
+LONG_WORKLOADS = {**TTFT_WORKLOADS, **LONG_DECODE_WORKLOADS}
 TTFT_MARGIN = 16  # tokens of the context left unused by the longest TTFT request
 CHECKPOINT_CTX = 16384  # max_position_embeddings given to the benchmark checkpoint: ttft8k fits both servers
 # a neighbour: a Python busy loop, SIGKILLed by the kernel if this benchmark dies without stopping it (Linux)
@@ -266,11 +273,13 @@ async def run_workload(kind: str, port: int, requests: list[tuple[list[int], int
         return sum(counts) / (time.perf_counter() - start)
 
 
-async def _first_token(session, kind: str, port: int, prompt: list[int], num_out: int) -> tuple[float, int]:
-    """(seconds from sending the request to its first streamed token chunk, tokens that chunk carried)."""
+async def _first_token(session, kind: str, port: int, prompt: list[int],
+                       num_out: int) -> tuple[float, int, float]:
+    """(seconds from sending the request to its first streamed token chunk, tokens that chunk carried, seconds
+    from sending it to its last token chunk)."""
     url, body = _request(kind, port, prompt, num_out, stream=True)
     start = time.perf_counter()
-    first, first_tokens, data = None, 0, {}
+    first, first_tokens, last, data = None, 0, 0.0, {}
     async with session.post(url, json=body) as r:
         if r.status != 200:
             raise RuntimeError(f"{kind} answered {r.status}: {await r.text()}")
@@ -284,16 +293,20 @@ async def _first_token(session, kind: str, port: int, prompt: list[int], num_out
             if first is None and is_token:
                 first = time.perf_counter() - start
                 first_tokens = 1 if kind == "kc" else event.get("tokens_predicted", 1)
+            if is_token and (kind == "kc" or not event.get("stop")):  # (llama's final event repeats the totals)
+                last = time.perf_counter() - start
             if event.get("usage") or event.get("stop"):
                 data = event
     n = data["usage"]["completion_tokens"] if kind == "kc" else data["tokens_predicted"]
     if n != num_out or first is None:
         raise RuntimeError(f"{kind} returned {n} tokens, {num_out} requested")
-    return first, first_tokens
+    return first, first_tokens, last
 
 
-async def run_ttft(kind: str, port: int, prompt: list[int], num_out: int, warm_prompt: list[int]) -> tuple[float, int]:
-    """Time to first token of one streamed request, after an untimed one (``warm_prompt``, no prefix in common)."""
+async def run_ttft(kind: str, port: int, prompt: list[int], num_out: int,
+                   warm_prompt: list[int]) -> tuple[float, int, float]:
+    """Time to first token of one streamed request, after an untimed one (``warm_prompt``, no prefix in common);
+    with the tokens its first chunk carried and the time to its last."""
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
@@ -318,18 +331,19 @@ def llama_argv(binary: str, gguf: str, port: int, threads: int, ctx: int | None 
 
 def check_workloads(ctx, param, value: str) -> list[str]:
     names = value.split(",")
-    unknown = [w for w in names if w not in BASE_WORKLOADS and w not in TTFT_WORKLOADS]
+    unknown = [w for w in names if w not in BASE_WORKLOADS and w not in LONG_WORKLOADS]
     if unknown:
         raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from "
-                                 f"{', '.join([*BASE_WORKLOADS, *TTFT_WORKLOADS])}")
+                                 f"{', '.join([*BASE_WORKLOADS, *LONG_WORKLOADS])}")
     return names
 
 
 @click.command()
 @click.option("--precisions", default="fp32,bf16,int8", show_default=True, help="Comma-separated: fp32,bf16,int8.")
 @click.option("--workloads", default="uniform,mixed,batch1,stream1", show_default=True, callback=check_workloads,
-              help="Comma-separated: " + ",".join([*BASE_WORKLOADS, *TTFT_WORKLOADS])
-              + " (neighbour1: batch1 beside --neighbours busy loops; ttft*: time to first token, long prompts).")
+              help="Comma-separated: " + ",".join([*BASE_WORKLOADS, *LONG_WORKLOADS])
+              + " (neighbour1: batch1 beside --neighbours busy loops; ttft*: time to first token, long prompts;"
+              " decode4k: decoding after a long prompt).")
 @click.option("--num-runs", type=int, default=3, show_default=True)
 @click.option("--engines", default="kc,llama", show_default=True, help="Which servers to run (kc alone: a smoke run).")
 @click.option("--threads", type=int, default=2, show_default=True, help="Threads for both servers.")
@@ -373,17 +387,18 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
         if gguf is None and binary:
             gguf = convert(path, PRECISIONS[precision][1], llamacpp_version)
         # the TTFT prompts: cut to the model's context, less the tokens out and a margin
-        prompt_len = {w: min(TTFT_WORKLOADS[w], model_ctx - TTFT_OUT - TTFT_MARGIN) for w in names
-                      if w in TTFT_WORKLOADS}
-        groups = [(g, [w for w in names if (w in TTFT_WORKLOADS) == (g == "ttft")]) for g in ("base", "ttft")]
+        out_len = {w: LONG_DECODE_OUT if w in LONG_DECODE_WORKLOADS else TTFT_OUT for w in LONG_WORKLOADS}
+        prompt_len = {w: min(LONG_WORKLOADS[w], model_ctx - out_len[w] - TTFT_MARGIN) for w in names
+                      if w in LONG_WORKLOADS}
+        groups = [(g, [w for w in names if (w in LONG_WORKLOADS) == (g == "ttft")]) for g in ("base", "ttft")]
         for group, group_names in groups:
             if not group_names:
                 continue
             if group == "ttft":
-                longest = max(prompt_len[w] for w in group_names)
-                ctx = min(model_ctx, max(2048, -(-(longest + TTFT_OUT + TTFT_MARGIN) // 256) * 256))
+                longest = max(prompt_len[w] + out_len[w] for w in group_names)
+                ctx = min(model_ctx, max(2048, -(-(longest + TTFT_MARGIN) // 256) * 256))
                 click.echo(f"  {precision} TTFT servers: context {ctx}; prompts " + ", ".join(
-                    f"{w} {prompt_len[w]} tokens" for w in group_names) + f", {TTFT_OUT} out")
+                    f"{w} {prompt_len[w]} tokens, {out_len[w]} out" for w in group_names))
             else:
                 ctx = None
                 work = {w: make_workload(w, vocab_size) for w in group_names}
@@ -404,14 +419,21 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
                         notes.add(f"{precision}: llama-server crashed loading the model and ran with --no-repack")
                 for run in range(num_runs):
                     for w in group_names:
-                        if w in TTFT_WORKLOADS:  # one prompt per run, the same for both servers
+                        if w in LONG_WORKLOADS:  # one prompt per run, the same for both servers
                             prompt = random_prompt(prompt_len[w], vocab_size, f"{w}-run{run}")
                         for kind in engines:  # adjacent in time: a drift in the machine's speed hits both alike
-                            if w in TTFT_WORKLOADS:
+                            if w in LONG_WORKLOADS:
                                 # the first run: warmed by a request as long (one-off costs of a long prefill)
                                 warm = random_prompt(prompt_len[w] if run == 0 else 16, vocab_size,
                                                      f"{w}-warm{run}-{kind}")
-                                ttft, first_tokens = asyncio.run(run_ttft(kind, ports[kind], prompt, TTFT_OUT, warm))
+                                ttft, first_tokens, last = asyncio.run(
+                                    run_ttft(kind, ports[kind], prompt, out_len[w], warm))
+                                if w in LONG_DECODE_WORKLOADS:
+                                    tps = (out_len[w] - first_tokens) / (last - ttft)
+                                    results[(kind, w)].append(tps)
+                                    click.echo(f"  run {run + 1} {precision} {kind:5s} {w:10s} {tps:8.1f} tok/s "
+                                               f"after the first token")
+                                    continue
                                 results[(kind, w)].append(ttft * 1000)
                                 if first_tokens > 1:
                                     notes.add(f"{precision} {w}: {kind}'s first chunk carried {first_tokens} tokens "
@@ -441,6 +463,9 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
                                prompt_tokens=prompt_len[w], output_tokens=TTFT_OUT, context=ctx)
                 elif w == "neighbour1":
                     row.update(neighbours=neighbours)
+                elif w in LONG_DECODE_WORKLOADS:
+                    row.update(unit="tok/s after the first token", prompt_tokens=prompt_len[w],
+                               output_tokens=out_len[w], context=ctx)
                 rows.append(row)
     speed = [r for r in rows if r["unit"] != "ms to first token"]
     ttft_rows = [r for r in rows if r["unit"] == "ms to first token"]
@@ -450,6 +475,8 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
         label = r["workload"]
         if label == "neighbour1":
             label = f"neighbour1 (batch1 beside {neighbours} busy loop{'s' if neighbours > 1 else ''})"
+        elif label in LONG_DECODE_WORKLOADS:
+            label = f"{label} ({r['prompt_tokens']}-token prompt, {r['output_tokens']} out, after the first token)"
         click.echo(f"| {label} | {r['precision']} | {r['kc']:.0f} | {r['llama']:.0f} | {r['ratio']:.2f}x |")
     if ttft_rows:
         click.echo("\n| workload | precision | prompt tokens | kc serve TTFT ms | llama-server TTFT ms | ratio |"
