@@ -410,9 +410,12 @@ def texts(driver: Driver, max_tokens: int = 16) -> list[str]:
     return [r["body"]["choices"][0]["text"] for r in results]
 
 
-def stop_head(head, node, head_log, children) -> None:
+def stop_head(head, node, head_log, node_log, children, node_exit: int) -> None:
+    """SIGTERM the head; it exits 0, the node exits with `node_exit` (0: the head's shutdown ended it; it
+    notices a moment after the head is gone, so it is waited for), and no process of either is left."""
     head.send_signal(signal.SIGTERM)
     assert head.wait(120) == 0, head_log.text()[-4000:]
+    assert node.wait(60) == node_exit, node_log.text()[-4000:]
     assert not netns.alive(children[0] + children[1] + [head.pid, node.pid])
 
 
@@ -455,8 +458,7 @@ def test_a_slow_lossy_link_and_a_short_partition_change_no_greedy_output(linked,
     assert driver.health()["status"] == 200
     assert texts(driver) == clean
     assert node.poll() is None and f"node 1 ({hosts.addrs[1]}) lost" not in head_log.text()
-    stop_head(head, node, head_log, children)
-    assert node.wait(60) == 0, node_log.text()[-4000:]  # the head's shutdown ends the node cleanly
+    stop_head(head, node, head_log, node_log, children, node_exit=0)  # the head's shutdown ends the node cleanly
 
 
 @pytest.mark.slow
@@ -510,4 +512,4 @@ def test_a_15s_partition_fails_the_request_in_flight_and_the_head_answers_503_af
           f" the stream failed after {ended['chunks']} chunks, {ended['t'] - partitioned_at:.1f}s in "
           f"({ended['error']!r}); the whole-answer request: {failed['status']} {failed['t'] - partitioned_at:.1f}s in; "
           f"after the heal: {refused['body']['error']['message']!r}")
-    stop_head(head, node, head_log, children)
+    stop_head(head, node, head_log, node_log, children, node_exit=1)
