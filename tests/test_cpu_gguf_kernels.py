@@ -292,13 +292,16 @@ def test_rejects_bad_arguments() -> None:
 def test_row_does_not_depend_on_its_batch(type_name: str) -> None:
     """A decode step (one activation row; its own kernel on AVX2) gives the bits the same row gets in a batch:
     speculative verification and batched decoding must reproduce plain decoding's greedy choices. 4k + 3 output
-    rows: the last group of four is partial."""
+    rows: the last group of four is partial. 5 rows: one register pass; 9 and 17: passes of 4-8 rows; 60: the
+    tile path."""
     rng = np.random.default_rng(13)
     raw = torch.from_numpy(random_blocks(type_name, 4 * 9 + 3, 1024 // TYPES[type_name][1], rng))
-    x = torch.randn(5, 1024, generator=torch.Generator().manual_seed(13))
-    batch = kernel.matmul(x, raw, type_name)
-    for m in range(5):
-        assert torch.equal(kernel.matmul(x[m:m + 1], raw, type_name)[0], batch[m]), m
+    x = torch.randn(60, 1024, generator=torch.Generator().manual_seed(13))
+    single = [kernel.matmul(x[m:m + 1], raw, type_name)[0] for m in range(60)]
+    for rows in (5, 9, 17, 60):
+        batch = kernel.matmul(x[:rows], raw, type_name)
+        for m in range(rows):
+            assert torch.equal(single[m], batch[m]), (rows, m)
     bias = torch.randn(39, generator=torch.Generator().manual_seed(14))
     assert torch.equal(kernel.matmul(x[2:3], raw, type_name, bias)[0], kernel.matmul(x, raw, type_name, bias)[2])
 

@@ -156,6 +156,10 @@ def test_the_cpu_platform_records_kernel_tapes_for_small_batches_only(checkpoint
     limit = runner.graph_runner.backend.max_capture_size
     runner = make_runner(checkpoint, graph_capture_sizes=[1, limit, limit + 8])
     assert sorted(runner.graph_runner.graphs) == [1, limit]  # each tape keeps its own buffers: small ones only
+    # a lone request's speculative verification (drafts + 1 rows) is captured past the limit, and nothing else
+    spec = {"method": "ngram", "num_speculative_tokens": limit + 2}
+    runner = make_runner(checkpoint, graph_capture_sizes=None, speculative_config=spec)
+    assert sorted(runner.graph_runner.graphs) == list(range(1, limit + 4))
 
 
 @cpu_only

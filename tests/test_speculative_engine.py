@@ -115,6 +115,18 @@ def test_real_model_greedy_output_is_plain_decodings(smollm2_gguf, real_prompts,
     assert counts["spec_num_accepted_tokens"] + counts["spec_num_drafts"] <= counts["num_generation_tokens"]
 
 
+def test_real_model_many_drafts_are_plain_decodings(smollm2_gguf, real_prompts):
+    """Twelve drafts: a verification of up to 13 rows, past the CPU's 8-row register kernels (passes of 4-8
+    rows) and past its default graph size (verification sizes are captured beyond it)."""
+    params = [SamplingParams(temperature=0, max_tokens=80)] * len(real_prompts)
+    kw = dict(max_model_len=1024, eos_token_id=SMOLLM2_EOS)
+    plain, _ = run_engine(smollm2_gguf, real_prompts, params, **kw)
+    spec, counts = run_engine(smollm2_gguf, real_prompts, params, {**NGRAM_ALWAYS, "num_speculative_tokens": 12},
+                              **kw)
+    assert spec == plain
+    assert len(counts["per_pos"]) > 8 and counts["per_pos"][8] > 0  # some verification accepted a 9th draft
+
+
 def test_real_model_chunked_prefill_and_a_mixed_batch(smollm2_gguf, real_prompts):
     """Small prefill chunks while others decode with drafts; greedy and seeded requests side by side."""
     params = [SamplingParams(temperature=0, max_tokens=60), SamplingParams(temperature=0.8, seed=3, max_tokens=40),

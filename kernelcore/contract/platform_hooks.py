@@ -150,7 +150,8 @@ def get_graph_capture_backend_cls(config: KernelConfig) -> str | None:
     kernel launches on the CPU platform).
 
     When it names one, the model runner captures the forward of an all-decode batch for each size in
-    ``config.model.graph_capture_sizes`` (up to the backend's ``max_capture_size``) once the KV cache is
+    ``config.model.graph_capture_sizes`` (up to the backend's ``max_capture_size``; a speculative
+    verification's ``num_speculative_tokens + 1`` rows past it) once the KV cache is
     allocated, and replays the nearest larger one for every decode step that fits; prefill, mixed and LoRA
     steps run eagerly. Not asked when ``config.model.enforce_eager`` is set. The platform's attention
     backend must then read per-step lengths from the metadata's device tensors only (a graph freezes host

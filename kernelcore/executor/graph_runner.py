@@ -39,7 +39,8 @@ class GraphCaptureBackend:
 
     name = "graphs"
     # The largest batch this backend captures (None: every size of capture_sizes); a backend whose graphs
-    # cannot share memory keeps to the sizes where replaying pays.
+    # cannot share memory keeps to the sizes where replaying pays. A speculative verification's sizes (up to
+    # num_speculative_tokens + 1 rows) are captured past it: one sequence's step, where replaying pays most.
     max_capture_size: int | None = None
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:
@@ -63,6 +64,14 @@ def graph_capture_backend(config) -> GraphCaptureBackend | None:
     return cls()
 
 
+def verification_rows(config) -> int:
+    """The decode rows of a lone request's speculative verification (num_speculative_tokens + 1; 0 without
+    speculative decoding)."""
+    if not config.speculative.enabled:
+        return 0
+    return min(config.speculative.num_speculative_tokens + 1, DEFAULT_MAX_CAPTURE_SIZE)
+
+
 def capture_sizes(config) -> list[int]:
     """The batch sizes to capture, ascending: ``model.graph_capture_sizes``, else 1, 2, 4, then every 8th
     up to max_num_seqs (at most 256), max_num_seqs itself included; with speculative decoding also every size
@@ -76,10 +85,9 @@ def capture_sizes(config) -> list[int]:
     if sizes is None:
         top = min(limit, DEFAULT_MAX_CAPTURE_SIZE)
         sizes = [s for s in [1, 2, 4, *range(8, DEFAULT_MAX_CAPTURE_SIZE + 1, 8)] if s < top] + [top]
-        if config.speculative.enabled:
-            verify_rows = min(config.speculative.num_speculative_tokens + 1, DEFAULT_MAX_CAPTURE_SIZE)
-            sizes += range(1, verify_rows + 1)
-            limit = max(limit, verify_rows)
+        verify_rows = verification_rows(config)
+        sizes += range(1, verify_rows + 1)
+        limit = max(limit, verify_rows)
     if any(s < 1 for s in sizes):
         raise ValueError(f"graph_capture_sizes must be positive (got {sizes})")
     return sorted({s for s in sizes if s <= limit})

@@ -11,7 +11,7 @@ import torch
 from kernelcore.attention.metadata import AttentionMetadata
 from kernelcore.config_builder import load_hf_config
 from kernelcore.contract.config import KernelConfig
-from kernelcore.executor.graph_runner import DecodeGraphRunner, capture_sizes, graph_capture_backend
+from kernelcore.executor.graph_runner import DecodeGraphRunner, capture_sizes, graph_capture_backend, verification_rows
 from kernelcore.forward_context import set_forward_context
 from kernelcore.layers.attention import Attention
 from kernelcore.models.loader import get_dtype, get_model
@@ -75,6 +75,8 @@ class ModelRunner:
         max_len = self.config.model.max_model_len
         assert max_len is not None  # build_config fills it
         limit = backend.max_capture_size
+        if limit is not None:
+            limit = max(limit, verification_rows(self.config))
         sizes = [s for s in capture_sizes(self.config) if limit is None or s <= limit]
         if not sizes:
             return

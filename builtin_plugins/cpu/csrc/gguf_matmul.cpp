@@ -735,48 +735,93 @@ template <> struct Chunks<Q6_K> {
   }
 };
 
-// NR weight rows dequantized into registers meet MR activation rows: NR * MR accumulators.
+// NR weight rows dequantized into registers meet MR activation rows: NR * MR accumulators. One group of
+// output rows n0 .. n0 + rows (row[] points at their blocks) for the MR activation rows at x, into y.
+template <int T, int NR_, int MR, typename Y>
+inline void group_rows(const float* x, int64_t K, const uint8_t* const* row, int rows, int64_t n0, int64_t N,
+                       const float* bias, Y* y) {
+  constexpr int UB = Chunks<T>::UNIT_BYTES;
+  const int64_t units = (K + 255) / 256;
+  fvec acc[NR_][MR] = {};
+  for (int64_t u = 0; u < units; ++u) {
+    const int chunks = int(std::min<int64_t>(8, (K - u * 256) / 32));  // (a 32-value type's last unit: fewer)
+    Chunks<T> src[NR_];
+    for (int r = 0; r < NR_; ++r) {
+      for (int64_t o = u * UB; o < u * UB + chunks * UB / 8; o += 64) prefetch(row[r] + o);
+      src[r].make(row[r] + u * UB);
+    }
+    // (the sums copied in and out per unit: indexed in place, GCC stored all NR * MR of them back to the
+    // stack every block, and a 5-row call was bound by those stores)
+    fvec a[NR_][MR];
+    for (int r = 0; r < NR_; ++r)
+      for (int m = 0; m < MR; ++m) a[r][m] = acc[r][m];
+    for (int j = 0; j < chunks; ++j) {
+      __m512 w[NR_][2];
+      for (int r = 0; r < NR_; ++r) src[r].chunk(row[r] + u * UB, j, w[r]);
+      const int64_t k = u * 256 + j * 32;
+      for (int m = 0; m < MR; ++m) {
+        const fvec x0 = loadv(x + m * K + k), x1 = loadv(x + m * K + k + 16);
+        for (int r = 0; r < NR_; ++r) {
+          a[r][m] = fmav(fvec(w[r][0]), x0, a[r][m]);
+          a[r][m] = fmav(fvec(w[r][1]), x1, a[r][m]);
+        }
+      }
+    }
+    for (int r = 0; r < NR_; ++r)
+      for (int m = 0; m < MR; ++m) acc[r][m] = a[r][m];
+  }
+  for (int r = 0; r < rows; ++r) {
+    const float bv = bias ? bias[n0 + r] : 0.0f;
+    for (int m = 0; m < MR; ++m) store(y + m * N + n0 + r, hsum(acc[r][m]) + bv);
+  }
+}
+
+template <int NR_>
+inline void group_pointers(const uint8_t* raw, int64_t raw_stride, int64_t N, int64_t g, const uint8_t** row,
+                           int64_t& n0, int& rows) {
+  n0 = g * NR_;
+  rows = int(std::min<int64_t>(NR_, N - n0));
+  for (int r = 0; r < NR_; ++r) row[r] = raw + (n0 + std::min(r, rows - 1)) * raw_stride;
+}
+
 template <int T, int NR_, int MR, typename Y>
 void float_rows(const float* x, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N, const float* bias,
                 Y* y, int num_threads) {
-  constexpr int UB = Chunks<T>::UNIT_BYTES;
-  const int64_t groups = (N + NR_ - 1) / NR_, units = (K + 255) / 256;
-  kc_parallel_steal(groups, kc_threads(num_threads), [&](int64_t g) {
-    const int64_t n0 = g * NR_;
-    const int rows = int(std::min<int64_t>(NR_, N - n0));
+  kc_parallel_steal((N + NR_ - 1) / NR_, kc_threads(num_threads), [&](int64_t g) {
     const uint8_t* row[NR_];
-    for (int r = 0; r < NR_; ++r) row[r] = raw + (n0 + std::min(r, rows - 1)) * raw_stride;
-    fvec acc[NR_][MR] = {};
-    for (int64_t u = 0; u < units; ++u) {
-      const int chunks = int(std::min<int64_t>(8, (K - u * 256) / 32));  // (a 32-value type's last unit: fewer)
-      Chunks<T> src[NR_];
-      for (int r = 0; r < NR_; ++r) {
-        for (int64_t o = u * UB; o < u * UB + chunks * UB / 8; o += 64) prefetch(row[r] + o);
-        src[r].make(row[r] + u * UB);
+    int64_t n0;
+    int rows;
+    group_pointers<NR_>(raw, raw_stride, N, g, row, n0, rows);
+    group_rows<T, NR_, MR, Y>(x, K, row, rows, n0, N, bias, y);
+  });
+}
+
+constexpr int64_t PASSES_MAX_M = 48;  // (FLOAT_ROWS_F32's largest crossover; above it the tile path)
+
+// More than 8 activation rows: each group of weight rows meets them in passes of 4-8 rows (as even as they
+// split: 9 = 5 + 4, 17 = 6 + 6 + 5), its blocks read from memory once and dequantized again per pass from L1.
+// Every row's sums run as in the one-row kernel, so its bits do not depend on M.
+template <int T, int NR_, typename Y>
+void float_rows_passes(const float* x, int64_t M, int64_t K, const uint8_t* raw, int64_t raw_stride, int64_t N,
+                       const float* bias, Y* y, int num_threads) {
+  const int64_t passes = (M + 7) / 8, base = M / passes, extra = M % passes;
+  kc_parallel_steal((N + NR_ - 1) / NR_, kc_threads(num_threads), [&](int64_t g) {
+    const uint8_t* row[NR_];
+    int64_t n0;
+    int rows;
+    group_pointers<NR_>(raw, raw_stride, N, g, row, n0, rows);
+    for (int64_t p = 0, m0 = 0; p < passes; ++p) {
+      const int mr = int(base + (p < extra));
+      const float* xp = x + m0 * K;
+      Y* yp = y + m0 * N;
+      switch (mr) {
+        case 4: group_rows<T, NR_, 4, Y>(xp, K, row, rows, n0, N, bias, yp); break;
+        case 5: group_rows<T, NR_, 5, Y>(xp, K, row, rows, n0, N, bias, yp); break;
+        case 6: group_rows<T, NR_, 6, Y>(xp, K, row, rows, n0, N, bias, yp); break;
+        case 7: group_rows<T, NR_, 7, Y>(xp, K, row, rows, n0, N, bias, yp); break;
+        default: group_rows<T, NR_, 8, Y>(xp, K, row, rows, n0, N, bias, yp); break;
       }
-      // (the sums copied in and out per unit: indexed in place, GCC stored all NR * MR of them back to the
-      // stack every block, and a 5-row call was bound by those stores)
-      fvec a[NR_][MR];
-      for (int r = 0; r < NR_; ++r)
-        for (int m = 0; m < MR; ++m) a[r][m] = acc[r][m];
-      for (int j = 0; j < chunks; ++j) {
-        __m512 w[NR_][2];
-        for (int r = 0; r < NR_; ++r) src[r].chunk(row[r] + u * UB, j, w[r]);
-        const int64_t k = u * 256 + j * 32;
-        for (int m = 0; m < MR; ++m) {
-          const fvec x0 = loadv(x + m * K + k), x1 = loadv(x + m * K + k + 16);
-          for (int r = 0; r < NR_; ++r) {
-            a[r][m] = fmav(fvec(w[r][0]), x0, a[r][m]);
-            a[r][m] = fmav(fvec(w[r][1]), x1, a[r][m]);
-          }
-        }
-      }
-      for (int r = 0; r < NR_; ++r)
-        for (int m = 0; m < MR; ++m) acc[r][m] = a[r][m];
-    }
-    for (int r = 0; r < rows; ++r) {
-      const float bv = bias ? bias[n0 + r] : 0.0f;
-      for (int m = 0; m < MR; ++m) store(y + m * N + n0 + r, hsum(acc[r][m]) + bv);
+      m0 += mr;
     }
   });
 }
@@ -811,7 +856,12 @@ bool float_small_m(const float* x, int64_t M, int64_t K, const uint8_t* raw, int
       case 6: float_rows_m<T, 6, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
       case 7: float_rows_m<T, 7, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
       case 8: float_rows_m<T, 8, Y>(x, K, raw, raw_stride, N, bias, y, num_threads); return true;
-      default: return false;
+      default:
+        if (M > PASSES_MAX_M) return false;
+        // (2 weight rows: passes of 6-8 rows hold 12-16 sums; 4 where every pass is 4-5 rows and not a K-quant)
+        if (!kRegsK<T> && M <= 10) float_rows_passes<T, 4, Y>(x, M, K, raw, raw_stride, N, bias, y, num_threads);
+        else float_rows_passes<T, 2, Y>(x, M, K, raw, raw_stride, N, bias, y, num_threads);
+        return true;
     }
   }
   return false;
