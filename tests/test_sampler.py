@@ -2,7 +2,7 @@ import torch
 from test_engine_fakes import make_core, make_request, run_to_completion
 
 from kernelcore.core_types.sampling_params import SamplingParams
-from kernelcore.executor.sampler import Sampler, build_metadata
+from kernelcore.executor.sampler import Sampler, argmax_rows, build_metadata
 
 V = 50
 
@@ -136,3 +136,19 @@ def test_logit_bias_forces_and_bans_and_allowed_token_ids_restrict():
     for _ in range(20):
         out = Sampler()(logits.clone(), build_metadata(params, [None] * 3, 50)).sampled_token_ids.tolist()
         assert out[0] == 7 and out[1] != top and out[2] in (3, 4)
+
+
+def test_argmax_rows_is_argmax_with_ties_infinities_and_nan():
+    """Greedy tokens come from argmax_rows (max's indices, faster on the CPU): the first maximal index as
+    argmax gives, where values tie, are infinite or NaN."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        x = torch.randint(-3, 4, (1 + trial % 8, 1 + 37 * trial % 3001), generator=g).float()  # many ties
+        r = torch.rand(x.shape, generator=g)
+        x[r < 0.05] = float("-inf")
+        x[(r > 0.5) & (r < 0.52)] = float("inf")
+        if trial % 2:
+            x[r > 0.995] = float("nan")
+        assert torch.equal(argmax_rows(x), x.argmax(dim=-1)), trial
+    every_minus_inf = torch.full((3, 50), float("-inf"))
+    assert argmax_rows(every_minus_inf).tolist() == every_minus_inf.argmax(dim=-1).tolist() == [0, 0, 0]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelcore.executor.sampler import Sampler, SamplingMetadata
+from kernelcore.executor.sampler import Sampler, SamplingMetadata, argmax_rows
 
 
 @dataclass
@@ -45,7 +45,7 @@ def verify(logits: torch.Tensor, md: SamplingMetadata, drafts: list[list[int]],
     has_draft = draft_of_row >= 0
     safe_draft = draft_of_row.clamp(min=0)
 
-    greedy_choice = constrained.argmax(dim=-1)
+    greedy_choice = argmax_rows(constrained)
     accept = has_draft & (greedy_choice == draft_of_row)
     choice = greedy_choice
     if not md.is_all_greedy:
@@ -63,7 +63,7 @@ def verify(logits: torch.Tensor, md: SamplingMetadata, drafts: list[list[int]],
         residual = probs.clone()
         draft_rows = has_draft.nonzero().squeeze(1)
         residual[draft_rows, draft_of_row[draft_rows]] = 0.0  # q is a point mass: max(p - q, 0) drops only d
-        random_choice = residual.div_(race).argmax(dim=-1)
+        random_choice = argmax_rows(residual.div_(race))
         accept = torch.where(md.is_greedy, accept, random_accept)
         choice = torch.where(md.is_greedy, greedy_choice, random_choice)
 
