@@ -303,7 +303,9 @@ def test_row_does_not_depend_on_its_batch(type_name: str) -> None:
         for m in range(rows):
             assert torch.equal(single[m], batch[m]), (rows, m)
     bias = torch.randn(39, generator=torch.Generator().manual_seed(14))
-    assert torch.equal(kernel.matmul(x[2:3], raw, type_name, bias)[0], kernel.matmul(x, raw, type_name, bias)[2])
+    for rows in (5, 9, 60):
+        assert torch.equal(kernel.matmul(x[2:3], raw, type_name, bias)[0], kernel.matmul(x[:rows], raw, type_name,
+                                                                                          bias)[2]), rows
 
 
 def test_linear_and_choose(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -147,7 +147,7 @@ def test_enforce_eager_and_platforms_without_graphs_capture_nothing(graphs_plugi
 
 
 @cpu_only
-def test_the_cpu_platform_records_kernel_tapes_for_small_batches_only(checkpoint):
+def test_the_cpu_platform_records_kernel_tapes_for_small_batches_only(checkpoint, monkeypatch):
     from builtin_plugins.cpu.graphs import CpuGraphBackend, CpuTape
 
     runner = make_runner(checkpoint)
@@ -160,6 +160,9 @@ def test_the_cpu_platform_records_kernel_tapes_for_small_batches_only(checkpoint
     spec = {"method": "ngram", "num_speculative_tokens": limit + 2}
     runner = make_runner(checkpoint, graph_capture_sizes=None, speculative_config=spec)
     assert sorted(runner.graph_runner.graphs) == list(range(1, limit + 4))
+    # a backend whose limit is 0 captures nothing, verification sizes included
+    monkeypatch.setattr(CpuGraphBackend, "__init__", lambda self: setattr(self, "max_capture_size", 0))
+    assert make_runner(checkpoint, graph_capture_sizes=None, speculative_config=spec).graph_runner is None
 
 
 @cpu_only

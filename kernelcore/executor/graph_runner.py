@@ -40,7 +40,8 @@ class GraphCaptureBackend:
     name = "graphs"
     # The largest batch this backend captures (None: every size of capture_sizes); a backend whose graphs
     # cannot share memory keeps to the sizes where replaying pays. A speculative verification's sizes (up to
-    # num_speculative_tokens + 1 rows) are captured past it: one sequence's step, where replaying pays most.
+    # num_speculative_tokens + 1 rows) are captured past it (unless it is 0: nothing is captured): one
+    # sequence's step, where replaying pays most.
     max_capture_size: int | None = None
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:

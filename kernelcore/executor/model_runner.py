@@ -75,7 +75,7 @@ class ModelRunner:
         max_len = self.config.model.max_model_len
         assert max_len is not None  # build_config fills it
         limit = backend.max_capture_size
-        if limit is not None:
+        if limit:  # (0: this backend captures nothing, speculative or not)
             limit = max(limit, verification_rows(self.config))
         sizes = [s for s in capture_sizes(self.config) if limit is None or s <= limit]
         if not sizes:
