@@ -7,6 +7,13 @@ Each configuration (extra `kc serve` flags, or ``env:NAME=VALUE``) gets its own 
 chat request (ignore_eos) runs --num-runs times idle, then with the neighbours spinning, and the medians are
 printed. A neighbour is a Python busy loop: what a browser tab or another server does to a laptop's cores. The
 groundwork for the busy-machine comparison with llama-server; never part of CI.
+
+    python benchmarks/busy_neighbour.py --neighbour-kind server --config "env:PYTHONPATH=/tmp/oldtree" --config ""
+
+``--neighbour-kind server``: the neighbours are other kc serve processes (the same model, this tree) that take
+turns with the server measured: each measured request comes right after one request to each of them, so the
+machine was busy just before it and is idle while it runs (what a thread policy that looks back must not
+mistake for a busy machine).
 """
 
 from __future__ import annotations
@@ -56,31 +63,60 @@ def latency(url: str) -> float:
 @click.option("--model", default=None, help="A .gguf file or checkpoint directory [default: SmolLM2 via kc pull].")
 @click.option("--config", "configs", multiple=True, help="Extra kc serve flags, or env:NAME=VALUE (repeatable).")
 @click.option("--neighbours", default=1, show_default=True, help="CPU-bound processes beside the server.")
+@click.option("--neighbour-kind", type=click.Choice(["loop", "server"]), default="loop", show_default=True,
+              help="loop: busy loops all along; server: kc serve processes answering a request just before each.")
 @click.option("--num-runs", default=3, show_default=True)
 @click.option("--port", default=8219, show_default=True)
-def main(model: str | None, configs: tuple[str, ...], neighbours: int, num_runs: int, port: int) -> None:
+def main(model: str | None, configs: tuple[str, ...], neighbours: int, neighbour_kind: str, num_runs: int,
+         port: int) -> None:
     if model is None:
         from kernelcore import model_fetch
 
         model = model_fetch.fetch("smollm2-135m-instruct-q4_1")
+    servers = []
+    if neighbour_kind == "server":
+        servers = [start(model, "", port + 1 + i) for i in range(neighbours)]
+    neighbour_urls = [f"http://127.0.0.1:{port + 1 + i}" for i in range(len(servers))]
+    try:
+        for neighbour_url in neighbour_urls:
+            latency(neighbour_url)  # warm-up
+        for config in configs or ("",):
+            idle, busy = measure(model, config, port, neighbours, neighbour_urls, num_runs)
+            idle_s, busy_s = statistics.median(idle), statistics.median(busy)
+            print(f"{config or 'default':32s} idle {idle_s:6.2f} s   beside {neighbours} {neighbour_kind} "
+                  f"neighbour(s) {busy_s:6.2f} s   x{busy_s / idle_s:.2f}", flush=True)
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(60)
+
+
+def measure(model: str, config: str, port: int, neighbours: int, neighbour_urls: list[str],
+            num_runs: int) -> tuple[list[float], list[float]]:
+    """Latencies of the server under ``config``: idle, then beside the neighbours (busy loops, or the neighbour
+    servers each answering a request just before every measured one)."""
     url = f"http://127.0.0.1:{port}"
-    for config in configs or ("",):
-        proc = start(model, config, port)
+    proc = start(model, config, port)
+    try:
+        latency(url)  # warm-up
+        idle = [latency(url) for _ in range(num_runs)]
+        if neighbour_urls:
+            busy = []
+            for _ in range(num_runs):
+                for neighbour_url in neighbour_urls:
+                    latency(neighbour_url)
+                busy.append(latency(url))
+            return idle, busy
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(neighbours)]
         try:
-            latency(url)  # warm-up
-            idle = [latency(url) for _ in range(num_runs)]
-            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(neighbours)]
-            try:
-                busy = [latency(url) for _ in range(num_runs)]
-            finally:
-                for hog in hogs:
-                    hog.kill()
+            busy = [latency(url) for _ in range(num_runs)]
         finally:
-            proc.terminate()
-            proc.wait(60)
-        idle_s, busy_s = statistics.median(idle), statistics.median(busy)
-        print(f"{config or 'default':32s} idle {idle_s:6.2f} s   beside {neighbours} neighbour(s) {busy_s:6.2f} s   "
-              f"x{busy_s / idle_s:.1f}", flush=True)
+            for hog in hogs:
+                hog.kill()
+        return idle, busy
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 if __name__ == "__main__":

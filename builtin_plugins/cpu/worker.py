@@ -20,9 +20,13 @@ class CpuWorker(WorkerBase):
     thread_policy = None
 
     def execute_model(self, so):
-        if self.thread_policy is not None and so.num_scheduled_tokens:
-            self.thread_policy.update()
-        return super().execute_model(so)
+        if self.thread_policy is None or not so.num_scheduled_tokens:
+            return super().execute_model(so)
+        self.thread_policy.update()
+        try:
+            return super().execute_model(so)
+        finally:
+            self.thread_policy.step_finished()
 
     def load_model(self) -> None:
         from builtin_plugins.cpu.model_runner import CpuModelRunner
