@@ -4,16 +4,19 @@
     python benchmarks/busy_neighbour.py --neighbours 2 --config "--num-threads 1" --config "env:OMP_WAIT_POLICY=PASSIVE"
 
 Each configuration (extra `kc serve` flags, or ``env:NAME=VALUE``) gets its own server; the same greedy 30-token
-chat request (ignore_eos) runs --num-runs times idle, then with the neighbours spinning, and the medians are
-printed. A neighbour is a Python busy loop: what a browser tab or another server does to a laptop's cores. The
-groundwork for the busy-machine comparison with llama-server; never part of CI.
+chat request (ignore_eos; KC_BENCH_MAX_TOKENS sets another length) runs --num-runs times idle, then with the
+neighbours spinning, and the medians are printed. A neighbour is a Python busy loop: what a browser tab or another
+server does to a laptop's cores. The groundwork for the busy-machine comparison with llama-server; never part of
+CI.
 
-    python benchmarks/busy_neighbour.py --neighbour-kind server --config "env:PYTHONPATH=/tmp/oldtree" --config ""
+    cd /tmp && python /work/main/benchmarks/busy_neighbour.py --neighbour-kind server \
+        --config "env:PYTHONPATH=/tmp/oldtree" --config ""
 
 ``--neighbour-kind server``: the neighbours are other kc serve processes (the same model, this tree) that take
 turns with the server measured: each measured request comes right after one request to each of them, so the
 machine was busy just before it and is idle while it runs (what a thread policy that looks back must not
-mistake for a busy machine).
+mistake for a busy machine). An old tree given by ``env:PYTHONPATH`` needs a current directory outside the
+checkout: ``python -m`` puts the current directory first on ``sys.path``.
 """
 
 from __future__ import annotations
