@@ -1,4 +1,4 @@
-"""Keep freed memory in the CPU worker's heap instead of returning it to the kernel.
+"""Keep freed memory in the CPU worker's heap instead of returning it to the kernel; map the KV cache lazily.
 
 torch's CPU tensors come from glibc's malloc, which serves a block of 128 KiB or more with a fresh ``mmap``
 until its threshold adapts to the sizes it has seen freed, and unmaps it on free. A prefill chunk of 2048
@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
+import mmap
+
+import torch
 
 logger = logging.getLogger("kernelcore.cpu")
 
@@ -33,3 +37,16 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         logger.debug("not glibc: the CPU worker's allocator is left as it is")
         return False
+
+
+def zero_pages_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed tensor in its own private anonymous mapping: the kernel's zero pages, which take memory only once
+    written. A KV cache allocated this way makes a server's resident memory follow the tokens it has cached, not
+    the cache's size (``torch.zeros`` writes every page: a 2 GiB cache was 2 GiB resident from the start). The
+    mapping lives as long as the tensor."""
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mapping, dtype=dtype, count=numel).view(shape)

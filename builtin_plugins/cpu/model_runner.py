@@ -1,9 +1,11 @@
-"""The CPU platform's model runner: low-precision decode logits land in a float32 buffer reused across steps."""
+"""The CPU platform's model runner: low-precision decode logits land in a float32 buffer reused across steps; the
+KV cache is mapped zero pages that take memory once written."""
 
 from __future__ import annotations
 
 import torch
 
+from builtin_plugins.cpu.allocator import zero_pages_tensor
 from kernelcore.executor.model_runner import ModelRunner
 
 
@@ -12,6 +14,9 @@ class CpuModelRunner(ModelRunner):
         super().__init__(config)
         self._logits_buffer = torch.empty(0)
         self.max_buffered_logits = config.scheduler.max_num_seqs  # rows: one per sequence in a decode step
+
+    def new_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return zero_pages_tensor(shape, dtype)
 
     def logits_to_float32(self, logits: torch.Tensor) -> torch.Tensor:
         num_rows = logits.shape[0]

@@ -64,11 +64,16 @@ class ModelRunner:
             # With graphs, one spare block past the scheduler's: padded decode rows write their K/V there.
             shape = layer.backend.get_kv_cache_shape(num_blocks + (graph_backend is not None), self.block_size,
                                                      layer.num_kv_heads, layer.head_size)
-            layer.kv_cache = torch.zeros(shape, dtype=self.dtype)
+            layer.kv_cache = self.new_kv_cache(shape, self.dtype)
             self.kv_caches.append(layer.kv_cache)
         self.num_blocks = num_blocks
         if graph_backend is not None:
             self.capture_graphs(graph_backend)
+
+    def new_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """One attention layer's KV cache of ``shape`` (the backend's ``get_kv_cache_shape``), zeroed. A platform's
+        runner may allocate it its own way (the CPU platform's maps zero pages that use memory once written)."""
+        return torch.zeros(shape, dtype=dtype)
 
     def capture_graphs(self, backend) -> None:
         """Capture the decode forward for each size of ``capture_sizes`` (the KV cache is allocated)."""
