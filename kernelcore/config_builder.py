@@ -29,6 +29,19 @@ from kernelcore.contract.config import (
 logger = logging.getLogger("kernelcore.config")
 
 
+def _check_positions(model: ModelConfig, model_cls, hf_config) -> None:
+    """Refuse a max_model_len past the positions the model encodes: a longer request would otherwise fail inside
+    the forward (a rotary table, a learned position embedding) and take the engine down with it. The limit is the
+    model class's optional ``max_positions(hf_config)`` (None: none), else the config's max_position_embeddings."""
+    positions_of = getattr(model_cls, "max_positions", None)
+    limit = positions_of(hf_config) if positions_of is not None else getattr(hf_config, "max_position_embeddings",
+                                                                              None)
+    if limit is not None and model.max_model_len > limit:
+        raise ValueError(f"max_model_len {model.max_model_len} is longer than the {limit} positions "
+                         f"{model.architecture} encodes (max_position_embeddings of its config): lower "
+                         f"--max-model-len to {limit} or less")
+
+
 @functools.lru_cache(maxsize=8)
 def _load_hf_config_cached(model_path: str, overrides_json: str):
     from transformers import AutoConfig
@@ -159,6 +172,7 @@ def build_config(**kwargs: Any) -> KernelConfig:
     native_len = getattr(hf_config, "max_position_embeddings", None) or 2048
     if model.max_model_len is None:
         model.max_model_len = native_len
+    _check_positions(model, model_cls, hf_config)
     if model.served_model_name is None:
         model.served_model_name = os.path.basename(model.model.rstrip("/")) or model.model
 

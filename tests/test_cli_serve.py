@@ -83,3 +83,15 @@ def test_parse_size(text, expected):
 def test_parse_size_rejects_garbage():
     with pytest.raises(click.BadParameter):
         parse_size("lots")
+
+
+def test_a_max_model_len_past_the_models_positions_is_a_one_line_error(tmp_path):
+    """Refused before any engine starts: the reason on one line, exit status 1, no traceback (a request past the
+    positions used to take the engine down once the server was up)."""
+    from conftest_models import make_llama_checkpoint
+
+    path = make_llama_checkpoint(str(tmp_path / "m"))  # 256 positions
+    proc = run_kc("serve", path, "--max-model-len", "512", "--skip-tokenizer-init", "--port", "0", check=False)
+    assert proc.returncode == 1
+    assert "Error: max_model_len 512 is longer than the 256 positions LlamaForCausalLM encodes" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -145,3 +145,27 @@ def test_cpu_runner_reuses_one_float32_buffer_for_low_precision_logits(tmp_path)
             and again.data_ptr() == first.data_ptr())
     torch.testing.assert_close(again, plain.logits_to_float32(logits[:2]), atol=0, rtol=0)
     assert runner.logits_to_float32(torch.randn(5, runner.vocab_size).bfloat16()).data_ptr() != first.data_ptr()
+
+
+def test_a_max_model_len_past_the_models_positions_is_refused(tmp_path):
+    """A request past a model's position table failed inside the forward and took the engine down; now the
+    length is refused when the server starts (llama: 256 positions; OPT: a learned table of 256)."""
+    from kernelcore.config_builder import build_config
+
+    llama, opt = make_llama_checkpoint(str(tmp_path / "llama")), make_opt_checkpoint(str(tmp_path / "opt"))
+    for path, architecture in ((llama, "LlamaForCausalLM"), (opt, "OPTForCausalLM")):
+        assert build_config(model=path, max_model_len=256).model.max_model_len == 256
+        with pytest.raises(ValueError, match=f"max_model_len 257 is longer than the 256 positions {architecture}"):
+            build_config(model=path, max_model_len=257)
+
+
+def test_dynamic_rope_scaling_serves_the_scaled_length(tmp_path):
+    from kernelcore.config_builder import build_config
+
+    path = make_llama_checkpoint(str(tmp_path / "m"), rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    assert build_config(model=path, max_model_len=1024).model.max_model_len == 1024
+    with pytest.raises(ValueError, match="longer than the 1024 positions"):
+        build_config(model=path, max_model_len=1025)
+    runner = make_runner(path, ["all"], max_model_len=1024)  # the rotary table covers the scaled length
+    ids = [5 + i % 300 for i in range(600)]
+    assert prefill_logits(runner, ids).isfinite().all()

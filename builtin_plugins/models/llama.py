@@ -185,6 +185,15 @@ class LlamaForCausalLM(nn.Module):
         """Tokens behind which no layer looks back: the engine frees KV blocks wholly behind the window."""
         return all_layers_window(hf_config)
 
+    @classmethod
+    def max_positions(cls, hf_config) -> int | None:
+        """The positions the rotary table covers: dynamic NTK scaling extends it to the scaled length."""
+        _, scaling = rope_config(hf_config)
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "dynamic":
+            long_len = int(scaling["original_max_position_embeddings"] * scaling["factor"])
+            return max(long_len, hf_config.max_position_embeddings)
+        return hf_config.max_position_embeddings
+
     def __init__(self, config: KernelConfig, prefix: str = "") -> None:
         super().__init__()
         self.config, self.hf_config = config, load_hf_config(config.model)

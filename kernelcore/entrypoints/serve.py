@@ -54,14 +54,19 @@ def serve_cmd(**o: Any) -> None:
         set_role(f"dp-host-{dp_start_rank}" if dp_remote else f"node-{node_rank}")
     click.echo(f"Starting kernelcore for {o['model'] or 'the embedded default model'} (platform, plugins, config)...",
                err=True)
-    config = build_engine_config(
-        o, template, platform_options, nnodes=nnodes, node_rank=node_rank,
-        master_addr=o["master_addr"] if nnodes > 1 else None, master_port=o["master_port"] if nnodes > 1 else None,
-        cluster_secret=o["cluster_secret"] if nnodes > 1 or dp_remote else None,
-        data_parallel_size_local=dp_local if dp_remote else None,
-        data_parallel_start_rank=dp_start_rank if dp_remote else None,
-        data_parallel_address=o["data_parallel_address"] if dp_remote else None,
-        data_parallel_rpc_port=o["data_parallel_rpc_port"] if dp_remote else None)
+    try:
+        config = build_engine_config(
+            o, template, platform_options, nnodes=nnodes, node_rank=node_rank,
+            master_addr=o["master_addr"] if nnodes > 1 else None,
+            master_port=o["master_port"] if nnodes > 1 else None,
+            cluster_secret=o["cluster_secret"] if nnodes > 1 or dp_remote else None,
+            data_parallel_size_local=dp_local if dp_remote else None,
+            data_parallel_start_rank=dp_start_rank if dp_remote else None,
+            data_parallel_address=o["data_parallel_address"] if dp_remote else None,
+            data_parallel_rpc_port=o["data_parallel_rpc_port"] if dp_remote else None)
+    except ValueError as exc:  # a setting the model or the platform refuses: the reason, not a traceback
+        logger.debug("config refused", exc_info=True)
+        raise click.ClickException(str(exc)) from None
     if headless and dp_remote:
         from kernelcore.engine.dp_remote import run_dp_headless
 
