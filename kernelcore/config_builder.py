@@ -34,12 +34,13 @@ def _check_positions(model: ModelConfig, model_cls, hf_config) -> None:
     the forward (a rotary table, a learned position embedding) and take the engine down with it. The limit is the
     model class's optional ``max_positions(hf_config)`` (None: none), else the config's max_position_embeddings."""
     positions_of = getattr(model_cls, "max_positions", None)
-    limit = positions_of(hf_config) if positions_of is not None else getattr(hf_config, "max_position_embeddings",
-                                                                              None)
+    if positions_of is not None:
+        limit, source = positions_of(hf_config), "its position encoding"
+    else:
+        limit, source = getattr(hf_config, "max_position_embeddings", None), "max_position_embeddings of its config"
     if limit is not None and model.max_model_len > limit:
         raise ValueError(f"max_model_len {model.max_model_len} is longer than the {limit} positions "
-                         f"{model.architecture} encodes (max_position_embeddings of its config): lower "
-                         f"--max-model-len to {limit} or less")
+                         f"{model.architecture} encodes ({source}): lower --max-model-len to {limit} or less")
 
 
 @functools.lru_cache(maxsize=8)
