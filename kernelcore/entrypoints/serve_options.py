@@ -107,7 +107,7 @@ _OPTIONS = (
     _opt("--max-num-seqs", env="KC_MAX_NUM_SEQS", type=int, default=None, help="Most sequences per engine step."),
     _opt("--max-num-batched-tokens", env="KC_MAX_NUM_BATCHED_TOKENS", type=int, default=None,
          help="Token budget per engine step."),
-    _opt("--kv-cache-memory", env="KC_KV_CACHE_MEMORY", default=None, help="KV-cache size per rank, e.g. 2GiB."),
+    _opt("--kv-cache-memory", env="KC_KV_CACHE_MEMORY", default=None, help="KV-cache size per rank, e.g. 2GiB (on the CPU it takes memory as tokens fill it)."),
     _opt("--dtype", env="KC_DTYPE", default=None, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
          help="Weight and activation dtype [default: the platform's; float32 on CPU, where 'auto' picks bfloat16 "
               "if the CPU has native bf16]."),
