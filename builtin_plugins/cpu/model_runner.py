@@ -1,11 +1,12 @@
 """The CPU platform's model runner: low-precision decode logits land in a float32 buffer reused across steps; the
-KV cache is mapped zero pages that take memory once written."""
+KV cache is mapped zero pages (2 MiB ones where the kernel gives them) that take memory once written."""
 
 from __future__ import annotations
 
 import torch
 
 from builtin_plugins.cpu.allocator import zero_pages_tensor
+from kernelcore import envs
 from kernelcore.executor.model_runner import ModelRunner
 
 
@@ -16,7 +17,7 @@ class CpuModelRunner(ModelRunner):
         self.max_buffered_logits = config.scheduler.max_num_seqs  # rows: one per sequence in a decode step
 
     def new_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return zero_pages_tensor(shape, dtype)
+        return zero_pages_tensor(shape, dtype, huge_pages=bool(envs.KC_CPU_HUGE_PAGES))
 
     def logits_to_float32(self, logits: torch.Tensor) -> torch.Tensor:
         num_rows = logits.shape[0]
