@@ -95,3 +95,12 @@ def test_a_max_model_len_past_the_models_positions_is_a_one_line_error(tmp_path)
     assert proc.returncode == 1
     assert "Error: max_model_len 512 is longer than the 256 positions LlamaForCausalLM encodes" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--max-model-len", "--block-size", "--max-num-seqs", "--max-num-batched-tokens"])
+def test_a_size_below_one_is_a_usage_error(flag):
+    """Named at the command line (a negative --max-num-seqs used to fail in the engine, about the KV cache)."""
+    from kernelcore.entrypoints.serve import serve_cmd
+
+    result = CliRunner().invoke(serve_cmd, [flag, "0"])
+    assert result.exit_code == 2 and flag in result.output
