@@ -71,9 +71,7 @@ def test_threads_drop_while_other_processes_take_the_cores_and_come_back():
         assert _wait_for(policy, lambda t: t == 1) == 1
         assert torch.get_num_threads() == 1  # what every kernel reads at its next call
     finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
+        _stop(hogs)
     try:
         assert _wait_for(policy, lambda t: t > 1) > 1
         assert policy.num_changes >= 2

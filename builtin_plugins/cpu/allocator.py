@@ -18,6 +18,8 @@ import mmap
 
 import torch
 
+from builtin_plugins.cpu.hugepages import huge_page_buffer
+
 logger = logging.getLogger("kernelcore.cpu")
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -50,13 +52,7 @@ def zero_pages_tensor(shape: tuple[int, ...], dtype: torch.dtype, huge_pages: bo
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
-    if huge_pages:
-        from builtin_plugins.cpu.hugepages import HUGE_PAGE, _madvise_huge
-
-        mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if _madvise_huge(mapping):
-            start = -ctypes.addressof(ctypes.c_char.from_buffer(mapping)) % HUGE_PAGE
-            return torch.frombuffer(mapping, dtype=dtype, count=numel, offset=start).view(shape)
-        mapping.close()
+    if huge_pages and (buffer := huge_page_buffer(nbytes)) is not None:
+        return buffer[1].view(dtype).view(shape)
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(mapping, dtype=dtype, count=numel).view(shape)

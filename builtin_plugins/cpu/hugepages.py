@@ -31,6 +31,19 @@ def _madvise_huge(buf: mmap.mmap) -> bool:
         return False
 
 
+def huge_page_buffer(nbytes: int) -> tuple[mmap.mmap, torch.Tensor] | None:
+    """``nbytes`` of zero pages from a 2 MiB boundary in their own private anonymous mapping advised
+    ``MADV_HUGEPAGE``: (the mapping, a uint8 tensor over those bytes, which keeps it alive), or None where the
+    kernel refuses the advice. The pages take memory once written, 2 MiB at a time where the kernel gives them."""
+    # One spare huge page: the buffer starts on a 2 MiB boundary inside the mapping.
+    mapping = mmap.mmap(-1, (-(-nbytes // HUGE_PAGE) + 1) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if not _madvise_huge(mapping):
+        mapping.close()
+        return None
+    raw = torch.frombuffer(mapping, dtype=torch.uint8)
+    return mapping, raw[-raw.data_ptr() % HUGE_PAGE:][:nbytes]
+
+
 def _movable(tensor: torch.Tensor | None) -> bool:
     return (tensor is not None and tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.numel() > 0
             and not tensor.is_sparse and not tensor.is_quantized
@@ -52,14 +65,11 @@ def move_weights_to_huge_pages(model: nn.Module, min_total_bytes: int = 16 * HUG
         total += -(-tensor.nbytes // ALIGN) * ALIGN
     if total < min_total_bytes:
         return 0
-    # One spare huge page: the arena starts on a 2 MiB boundary inside the mapping.
-    arena = mmap.mmap(-1, (-(-total // HUGE_PAGE) + 1) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if not _madvise_huge(arena):
+    buffer = huge_page_buffer(total)
+    if buffer is None:
         logger.info("transparent huge pages refused; model weights stay where they were loaded")
-        arena.close()
         return 0
-    raw = torch.frombuffer(arena, dtype=torch.uint8)
-    raw = raw[-raw.data_ptr() % HUGE_PAGE:]
+    arena, raw = buffer
     with torch.no_grad():
         for tensor, offset in zip(tensors, offsets, strict=True):
             moved = raw[offset:offset + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
