@@ -94,3 +94,7 @@ def test_default_kc_prefix_parses_with_prometheus_client(served):
     assert not any(name.startswith("vllm:") for name in families)
     assert families["kc:time_per_output_token_seconds"].type == "histogram"
     assert families["process_resident_memory_bytes"].samples[0].value > 0
+    # every native CPU kernel library is reported, in use (a missing one would read 0, and the log would say why)
+    available = {s.labels["component"]: s.value for s in families["kc:component_available"].samples}
+    assert available == {f"cpu.{name}": 1.0 for name in ("gguf_matmul", "paged_attention", "pointwise", "small_gemm")}
+    assert "component cpu.gguf_matmul: ok" in server_log(served[1])

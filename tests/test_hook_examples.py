@@ -192,3 +192,13 @@ def test_register_speculative_proposers():
     config = KernelConfig(speculative=SpeculativeConfig("repeat_last", 4, options={"max_run": 2}))
     proposer = registry.factory("repeat_last")(config, 100)
     assert proposer.propose([ProposalRequest("a", [5, 9], 4), ProposalRequest("b", [7], 1)]) == [[9, 9], [7]]
+
+
+def test_report_components(monkeypatch):
+    import ctypes.util
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert load_example("report_components")() == [
+        {"nova.runtime": "missing: libnova_runtime not found; the reference kernels run instead"}]
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: f"lib{name}.so.1")
+    assert load_example("report_components")() == [{"nova.runtime": "ok: libnova_runtime"}]

@@ -2,6 +2,13 @@
 
 from kernelcore import envs, hookimpl
 
+
+def _isa(value: str) -> str:
+    if value not in ("native", "avx2"):
+        raise ValueError(f"KC_CPU_KERNEL_ISA must be native or avx2, not {value!r}")
+    return value
+
+
 # 0 = the CPU platform's decode attention and small linears use torch ops instead of the kernels built with g++.
 envs.declare("KC_CPU_NATIVE_KERNELS", lambda v: v is None or envs.boolean(v), owner="cpu")
 # The fixed routing (KC_CPU_TUNE_LINEARS=0): fp32 linears with at most this many rows (decode steps) use the
@@ -18,6 +25,8 @@ envs.declare("KC_CPU_KEEP_FREED_MEMORY", lambda v: v is None or envs.boolean(v),
 # 1 = GGUF decode-sized matmuls quantize the activations to int8 per block for integer dot products (llama.cpp's
 # scheme: faster, but the activations are rounded); unset/0 = the float kernel, exactly the file's weights.
 envs.declare("KC_CPU_GGUF_INT_DOT", envs.boolean, owner="cpu")
+# avx2 = the native kernels compiled without AVX-512 (and AMX), as for an AVX2-only CPU; unset/native = -march=native.
+envs.declare("KC_CPU_KERNEL_ISA", lambda v: _isa(v or "native"), owner="cpu")
 # Time each linear implementation per layer shape and batch size at start-up and route by the result.
 envs.declare("KC_CPU_TUNE_LINEARS", lambda v: v is None or envs.boolean(v), owner="cpu")
 

@@ -25,3 +25,11 @@ def cpu_id() -> str:
     wanted = ("model name", "flags")
     lines = read_cpuinfo().splitlines()
     return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted})) or os.uname().machine
+
+
+def cpu_flags() -> list[str]:
+    """The first processor's flags (avx2, avx512f, avx512_vnni, amx_tile, ...)."""
+    for line in read_cpuinfo().splitlines():
+        if line.split(":")[0].strip() == "flags":
+            return line.split(":", 1)[1].split()
+    return []

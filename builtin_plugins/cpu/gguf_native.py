@@ -93,6 +93,11 @@ class GGUFKernel:
         self.vnni = bool(features & 1)  # the integer dot products use vpdpbusd (else vpmaddubsw or scalar)
         self.avx512_int = bool(features & 4)  # the 32-value types' two-blocks-per-instruction AVX-512 path
 
+    def describe(self) -> str:
+        """The integer dot product's instructions, for ``kc plugins``."""
+        dot = "vpdpbusd (VNNI)" if self.vnni else "vpmaddubsw"
+        return f"int8 dots by {dot}" + (", two 32-value blocks per AVX-512 instruction" if self.avx512_int else "")
+
     @staticmethod
     def supports(type_name: str, int_dot: bool = False) -> bool:
         return type_name in (INT_DOT_TYPES if int_dot else TYPES)

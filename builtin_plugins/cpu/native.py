@@ -10,6 +10,7 @@ its torch implementation; the reason is logged once.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -23,7 +24,7 @@ from typing import TypeVar
 
 import torch
 
-from builtin_plugins.cpu.cpuinfo import cpu_id
+from builtin_plugins.cpu.cpuinfo import cpu_flags, cpu_id
 from builtin_plugins.cpu.launch import launch, replay_in_c
 from kernelcore import envs
 
@@ -37,9 +38,12 @@ SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
 # -ffast-math only when compiling (it lets exp and the float reductions vectorise); linking without it keeps
 # crtfastmath.o, which would flush denormals for the whole process, out of the library.
 COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17"]
+# KC_CPU_KERNEL_ISA=avx2: every AVX-512 extension off (-mno-avx512f takes the subsets with it; AMX too)
+ISA_FLAGS = {"native": [], "avx2": ["-mno-avx512f", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]}
 LINK_FLAGS = ["-shared", "-fopenmp"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 T = TypeVar("T")
+_STATUS: dict[str, str] = {}  # load_native's outcome per library, for report_components
 
 
 class PagedDecodeKernel:
@@ -122,12 +126,32 @@ def load_native(source: Path, wrapper: Callable[[ctypes.CDLL], T], what: str) ->
     or where it cannot be built or loaded: the callers keep their torch paths."""
     if not envs.KC_CPU_NATIVE_KERNELS:
         logger.info("KC_CPU_NATIVE_KERNELS=0: the CPU %s is not used (torch ops)", what)
+        _STATUS[source.stem] = f"missing: KC_CPU_NATIVE_KERNELS=0; torch ops instead of the {what}"
         return None
     try:
-        return wrapper(ctypes.CDLL(str(build_library(source))))
+        library = build_library(source)
+        loaded = wrapper(ctypes.CDLL(str(library)))
     except Exception as exc:  # no compiler, a failed build, an unloadable library: torch ops still work
         logger.warning("CPU %s unavailable (%s); using torch ops (slower)", what, exc)
+        _STATUS[source.stem] = f"missing: {str(exc)[:300]}; torch ops (slower) instead of the {what}"
         return None
+    describe = getattr(loaded, "describe", None)
+    _STATUS[source.stem] = f"ok: {library.name}, {kernel_isa()}" + (f", {describe()}" if describe else "")
+    return loaded
+
+
+def native_status() -> dict[str, str]:
+    """What each ``load_native`` of this process gave: library stem -> "ok: ..." or "missing: <why>"."""
+    return dict(_STATUS)
+
+
+def kernel_isa() -> str:
+    """The instruction set the kernels are compiled for: what -march=native gives, or AVX2 where
+    ``KC_CPU_KERNEL_ISA=avx2`` leaves AVX-512 out (to measure an AVX2-only CPU's paths on an AVX-512 one)."""
+    flags = set(cpu_flags())
+    if envs.KC_CPU_KERNEL_ISA == "avx2" or "avx512f" not in flags:
+        return "avx2" + ("+avxvnni" if "avx_vnni" in flags else "") if "avx2" in flags else "baseline"
+    return "avx512" + "".join(f"+{name}" for name in ("avx512_vnni", "avx512_bf16", "amx_tile") if name in flags)
 
 
 def build_library(source: Path) -> Path:
@@ -137,7 +161,7 @@ def build_library(source: Path) -> Path:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     key = hashlib.sha256()
     sources = [path.read_bytes() for path in source_files(source)]  # a changed header is a changed library
-    for part in (*sources, " ".join(COMPILE_FLAGS + LINK_FLAGS).encode(), _compiler_version(compiler).encode(),
+    for part in (*sources, " ".join(compile_flags() + LINK_FLAGS).encode(), _compiler_version(compiler).encode(),
                  cpu_id().encode()):
         key.update(part)
     out_dir = Path(envs.KC_CACHE_DIR) / "cpu-kernels"
@@ -147,17 +171,33 @@ def build_library(source: Path) -> Path:
     if library.exists():
         check_private(library)
         return library
+    # One build per key at a time: processes starting together (workers, test runners) wait for the first
+    # build instead of each replacing the file another has already loaded (its mapping would then show as
+    # deleted, and two copies of the same code would be resident).
+    with open(out_dir / f"{library.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if library.exists():
+            check_private(library)
+            return library
+        _compile(compiler, source, out_dir, library)
+    logger.info("built the CPU kernel %s: %s", source.name, library)
+    return library
+
+
+def _compile(compiler: str, source: Path, out_dir: Path, library: Path) -> None:
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         obj, tmp_lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
-        for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
+        for cmd in ([compiler, *compile_flags(), "-c", str(source), "-o", str(obj)],
                     [compiler, *LINK_FLAGS, str(obj), "-o", str(tmp_lib)]):
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if result.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()[-2000:]}")
         tmp_lib.chmod(0o755)  # whatever the umask: check_private refuses group/world-writable files
-        os.replace(tmp_lib, library)  # atomic: concurrent workers building the same key both end up with it
-    logger.info("built the CPU kernel %s: %s", source.name, library)
-    return library
+        os.replace(tmp_lib, library)  # atomic: a reader never sees half a library
+
+
+def compile_flags() -> list[str]:
+    return COMPILE_FLAGS + ISA_FLAGS[envs.KC_CPU_KERNEL_ISA]
 
 
 def source_files(source: Path) -> list[Path]:

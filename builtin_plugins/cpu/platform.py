@@ -52,6 +52,13 @@ class CpuPlatform(Platform):
                                   override=True)
 
     @hookimpl
+    def report_components(self):
+        # Each native library built (or found in the cache) and loaded, or why not: a fallback is never silent.
+        from builtin_plugins.cpu.components import native_components
+
+        return native_components()
+
+    @hookimpl
     def register_triton_kernel_overrides(self, kernels):
         # Triton cannot launch on CPU tensors: every kernel gets its torch fallback.
         from builtin_plugins.cpu.kernels import override_with_torch

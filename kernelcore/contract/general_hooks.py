@@ -265,3 +265,26 @@ def register_speculative_proposers(registry: SpeculativeProposerRegistry) -> Non
     Called in: the front-end process (to reject an unknown method before start-up) and the engine-core
     process (to build the proposer), once each; also by ``kc plugins``.
     """
+
+
+# -- diagnostics (general or platform hook) ----------------------------------------------------------------------
+
+
+@hookspec
+def report_components() -> dict[str, str] | None:
+    """Say which of the plugin's optional components work in this process and which fell back.
+
+    A component is anything the plugin can run without, slower or with less: a compiled kernel library, a
+    vendor runtime, an accelerated code path. Each value starts with ``"ok"`` (in use) or ``"missing"``
+    (not in use; the rest of the string says why and what runs instead), so an operator sees a fallback
+    instead of only a slower server. The answers are shown by ``kc plugins``, logged once at start-up
+    (a warning for every ``"missing"``) and published on ``/metrics`` as
+    ``kc:component_available{component=...}`` (1 or 0). The implementation may build or load what it
+    reports on (it is asked once per process).
+
+    :returns: component name -> status (names are shared across plugins: prefix them with the plugin's),
+        or None when the plugin has nothing to report.
+
+    Called in: the front-end process of ``kc serve`` and ``kc run-batch`` (start-up) and ``kc plugins``;
+    every answer is kept (not first-result).
+    """

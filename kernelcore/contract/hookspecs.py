@@ -34,7 +34,7 @@ from kernelcore.contract.general_hooks import (register_ops, register_models, re
                                                register_endpoints, register_lora_resolvers,
                                                register_executor_backends, register_structured_output_backends,
                                                register_tool_parsers, register_reasoning_parsers,
-                                               register_speculative_proposers)
+                                               register_speculative_proposers, report_components)
 # isort: on
 
 __all__ = ["hookspec", "hookimpl", "detect_platform", "pre_register_and_update", "apply_config_platform_defaults",
@@ -43,4 +43,4 @@ __all__ = ["hookspec", "hookimpl", "detect_platform", "pre_register_and_update",
            "register_kernels", "register_triton_kernel_overrides", "register_quantization_methods",
            "register_endpoints", "register_lora_resolvers", "register_executor_backends",
            "register_structured_output_backends", "register_tool_parsers", "register_reasoning_parsers",
-           "register_speculative_proposers"]
+           "register_speculative_proposers", "report_components"]

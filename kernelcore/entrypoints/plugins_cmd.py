@@ -46,9 +46,10 @@ def collect() -> dict[str, Any]:
             report["reasoning_parsers"] = reasoning_parser_registry().names()
         except Exception as exc:
             report["errors"].append(f"parsers and grammar backends: {exc}")
-    report.update(ops={}, kernels={})
+    report.update(ops={}, kernels={}, components={})
     if platforms.is_resolved() and report["platform"] is not None:
         _add_components(report)
+        report["components"] = plugins.report_components()
     return report
 
 
@@ -114,6 +115,10 @@ def plugins_cmd(ctx: click.Context, as_json: bool) -> None:
         click.echo("[kernel table: the implementation a worker runs]")
         for name, winner in report["kernels"].items():
             click.echo(f"  {name:<32} {winner}")
+    if report["components"]:
+        click.echo("[components: ok = in use, missing = fallen back]")
+        for name, status in report["components"].items():
+            click.echo(f"  {name:<32} {status}")
     if report["models"]:
         click.echo("[models]")
         for arch, owner in report["models"].items():

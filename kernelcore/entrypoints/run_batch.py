@@ -143,6 +143,7 @@ async def local_server(config: Any, options: Any) -> AsyncIterator[str]:
     """The engine and the app, as `run_server` starts them, on 127.0.0.1 at a free port; yields the base URL."""
     from aiohttp import web
 
+    from kernelcore import plugins
     from kernelcore.engine.async_llm import AsyncLLM
     from kernelcore.entrypoints.first_run import startup_warnings
     from kernelcore.entrypoints.server.app import create_app
@@ -156,6 +157,7 @@ async def local_server(config: Any, options: Any) -> AsyncIterator[str]:
     runner = None
     try:
         startup_warnings(engine, options)
+        prometheus.set_components(plugins.report_components())  # logged, and on /metrics
         try:
             app = await create_app(engine, options, prometheus)
         except LoRAAdapterError as exc:  # only the static --lora-modules are loaded before the first line

@@ -117,6 +117,7 @@ async def _wait_in_flight(state: Any, timeout: float) -> None:
 async def run_server(config: Any, options: Any, host: str, port: int, shutdown_timeout: float) -> None:
     from aiohttp import web
 
+    from kernelcore import plugins
     from kernelcore.engine.async_llm import AsyncLLM
     from kernelcore.entrypoints.first_run import startup_warnings
     from kernelcore.entrypoints.server.app import STATE, create_app
@@ -134,6 +135,7 @@ async def run_server(config: Any, options: Any, host: str, port: int, shutdown_t
     runner = None
     try:
         startup_warnings(engine, options)
+        prometheus.set_components(plugins.report_components())  # logged, and on /metrics
         app = await create_app(engine, options, prometheus)
         state = app[STATE]
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,

@@ -109,6 +109,14 @@ class PrometheusStatLogger(StatLoggerBase):
         self.request_prefill_time = histogram("request_prefill_time_seconds", "Time spent in prefill.", LATENCY_BUCKETS)
         self.request_decode_time = histogram("request_decode_time_seconds", "Time spent in decode.", LATENCY_BUCKETS)
 
+    def set_components(self, components: dict[str, str]) -> None:
+        """Publish each plugin component's state (``report_components``): 1 in use, 0 missing (a fallback)."""
+        available = prom.Gauge(f"{self.prefix}:component_available", "Optional plugin components: 1 in use, 0 "
+                               "missing (the plugin fell back; the log and kc plugins say why).",
+                               ["model_name", "component"], registry=self.registry)
+        for component, status in components.items():
+            available.labels(model_name=self._model_name, component=component).set(status.startswith("ok"))
+
     def record(self, stats: EngineStats) -> None:
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)

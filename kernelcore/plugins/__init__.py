@@ -29,6 +29,7 @@ from kernelcore.plugins.startup import (
     load_platform_plugins,
     load_stat_logger_classes,
     op_owners,
+    report_components,
     trace_kernel_table,
 )
 from kernelcore.plugins.state import (
@@ -48,6 +49,6 @@ __all__ = [
     "PluginRecord", "adopt_logger", "allowed_status", "apply_kernel_overrides", "call_each", "call_plugin_hook",
     "describe", "discover", "get_plugin_manager", "implementers", "load_general_plugins", "load_platform_plugins",
     "load_stat_logger_classes", "op_owners", "plugin_dist", "process_state", "records", "register_platform",
-    "reset_for_tests", "trace_event", "trace_kernel_table", "unknown_hooks", "warn_excluded_platforms",
-    "warn_unknown_allowed_names",
+    "report_components", "reset_for_tests", "trace_event", "trace_kernel_table", "unknown_hooks",
+    "warn_excluded_platforms", "warn_unknown_allowed_names",
 ]

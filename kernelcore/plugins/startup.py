@@ -121,3 +121,21 @@ def trace_kernel_table() -> None:
 def load_stat_logger_classes() -> list[tuple[str, type]]:
     """The classes named in the stat-logger group (validated by the metrics module)."""
     return [(record.name, obj) for record, obj in load_group(STAT_LOGGER_GROUP)]
+
+
+def report_components() -> dict[str, str]:
+    """Every plugin's ``report_components`` answer merged (component -> "ok ..." / "missing ..."), each logged: a
+    warning for a component that is missing. A plugin that raises is reported as a missing component named after
+    it, not a failed start-up: a diagnostic never stops the server."""
+    components: dict[str, str] = {}
+    for name in implementers("report_components"):
+        try:
+            answer = call_plugin_hook(name, "report_components")
+        except Exception as exc:
+            logger.debug("%s raised in report_components", name, exc_info=True)
+            answer = [{name: f"missing: report_components raised {type(exc).__name__}: {exc}"}]
+        for part in answer or []:
+            components.update(part or {})
+    for component, status in components.items():
+        (logger.info if status.startswith("ok") else logger.warning)("component %s: %s", component, status)
+    return components
