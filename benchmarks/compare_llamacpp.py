@@ -165,13 +165,15 @@ class Server:
     """One server process on a loopback port, stopped on exit."""
 
     def __init__(self, kind: str, argv: list[str], port: int, log_path: str,
-                 fallback: list[str] | None = None) -> None:
-        """``fallback``: the command to start instead if ``argv`` crashes (a signal) before it is healthy."""
+                 fallback: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        """``fallback``: the command to start instead if ``argv`` crashes (a signal) before it is healthy;
+        ``env``: variables added to this process's environment for the server."""
         self.kind, self.argv, self.port, self.log_path, self.fallback = kind, argv, port, log_path, fallback
+        self.env = {**os.environ, **(env or {})}
 
     def __enter__(self):
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         try:
             asyncio.run(self._wait_healthy())
         except RuntimeError:
@@ -180,7 +182,7 @@ class Server:
             click.echo(f"  {self.kind} crashed (signal {-self.proc.returncode}) loading the model; "
                        f"retrying as {' '.join(self.fallback[len(self.argv):])!r} appended")
             self.argv = self.fallback
-            self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
             asyncio.run(self._wait_healthy())
         return self
 
@@ -314,6 +316,12 @@ async def run_ttft(kind: str, port: int, prompt: list[int], num_out: int,
         return await _first_token(session, kind, port, prompt, num_out)
 
 
+# --isa -> kc serve's environment: the native kernels compiled without AVX-512 and torch's own kernels, oneDNN and
+# MKL dispatching no further than AVX2.
+ISA_ENV = {"native": {}, "avx2": {"KC_CPU_KERNEL_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
+                                  "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+
+
 def kc_argv(path: str, flags: list[str], port: int, threads: int, max_model_len: int = 2048,
             extra: list[str] = ()) -> list[str]:
     """``extra`` (--kc-flags) last: click keeps an option's last value, so it overrides the flags before it."""
@@ -353,15 +361,18 @@ def check_workloads(ctx, param, value: str) -> list[str]:
               '"--max-num-batched-tokens 512".')
 @click.option("--checkpoint-dir", type=click.Path(), default=None, help="Keep the checkpoint and GGUF files here.")
 @click.option("--llamacpp-version", default="0.3.36", show_default=True, help="llama-cpp-python sdist to build.")
+@click.option("--isa", type=click.Choice(sorted(ISA_ENV)), default="native", show_default=True,
+              help="avx2: both servers without AVX-512 (kc's kernels, torch, oneDNN and MKL capped at AVX2; "
+              "llama-server built for AVX2), as on an AVX2-only CPU.")
 @click.option("--json-out", type=click.Path(), default=None)
 @click.option("--gguf", "gguf_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Serve this GGUF file with both servers instead of the converted checkpoint (repeatable).")
 def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags, checkpoint_dir, llamacpp_version,
-         json_out, gguf_files):
+         isa, json_out, gguf_files):
     """Output tok/s (and time to first token) of kc serve and llama-server on the same workloads, same run."""
     engines = engines.split(",")
     kc_extra = shlex.split(kc_flags)
-    binary = build_server(llamacpp_version) if "llama" in engines else None
+    binary = build_server(llamacpp_version, isa=isa) if "llama" in engines else None
     root = checkpoint_dir or tempfile.mkdtemp(prefix="kc-vs-llamacpp-")
     os.makedirs(root, exist_ok=True)  # with --gguf nothing else makes it: the server logs go there
     names = workloads
@@ -379,7 +390,7 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
         add_tokenizer(path, 32000)
         allow_long_context(path, CHECKPOINT_CTX)
         variants = [(p, PRECISIONS[p][0], path, None, 32000, CHECKPOINT_CTX) for p in precisions.split(",")]
-    click.echo(f"llama-server {binary}; threads {threads}; load average {os.getloadavg()[0]:.1f}; runs interleaved")
+    click.echo(f"instruction sets: {isa}; llama-server {binary}; threads {threads}; load average {os.getloadavg()[0]:.1f}; runs interleaved")
     click.echo(f"kc serve extra flags: {shlex.join(kc_extra) if kc_extra else '(none: --max-num-batched-tokens 2048)'}")
     rows = []
     notes: set[str] = set()
@@ -414,7 +425,8 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
                     # plain layout is what such a user would be left with.
                     fallback = argv + ["--no-repack"] if kind == "llama" else None
                     log = os.path.join(root, f"{kind}-{precision}{'-ttft' if ctx else ''}.log")
-                    server = servers[kind] = stack.enter_context(Server(kind, argv, port, log, fallback))
+                    server = servers[kind] = stack.enter_context(
+                        Server(kind, argv, port, log, fallback, ISA_ENV[isa] if kind == "kc" else None))
                     if server.argv is fallback:
                         notes.add(f"{precision}: llama-server crashed loading the model and ran with --no-repack")
                 for run in range(num_runs):

@@ -155,7 +155,21 @@ def llamacpp_results(path: str, tokens: list[int], prompts: list[list[int]]) -> 
     return {"greedy": greedy, "chunked_ppl": ppl}
 
 
-def measure(path: str, llamacpp: bool = False, **llm_kwargs) -> dict:
+def prefix_tokens(greedy: list[list[int]], reference: list[list[int]]) -> int:
+    """Greedy tokens equal to the reference's before each prompt's first difference, summed (a finer figure than
+    the prompts that agree throughout)."""
+    total = 0
+    for ours, ref in zip(greedy, reference, strict=False):
+        for a, b in zip(ours, ref, strict=False):
+            if a != b:
+                break
+            total += 1
+    return total
+
+
+def measure_settings(path: str, settings: list[str], llamacpp: bool = False, **llm_kwargs) -> list[dict]:
+    """``measure`` for each KC_CPU_GGUF_INT_DOT setting (auto, none, all, a type list), the reference and llama.cpp
+    computed once; each result carries its ``int_dot`` setting."""
     from kernelcore.models.gguf_checkpoint import tokenizer
 
     tok = tokenizer(path)
@@ -164,35 +178,63 @@ def measure(path: str, llamacpp: bool = False, **llm_kwargs) -> dict:
     all_tokens = text_tokens(tok, NUM_CHUNKS * CHUNK)
     chunked = chunks(all_tokens, tok.bos_token_id if all_tokens[0] == tok.bos_token_id else None)
     ref = reference_results(reference_model(path), tokens, prompts, chunked)
-    ours = kernelcore_results(path, tokens, prompts, chunked, **llm_kwargs)
+    cpp = llamacpp_results(path, tokens, prompts) if llamacpp else None
+    results = []
+    saved = os.environ.get("KC_CPU_GGUF_INT_DOT")
+    try:
+        for setting in settings:
+            os.environ["KC_CPU_GGUF_INT_DOT"] = setting  # read by the worker processes the LLM starts
+            ours = kernelcore_results(path, tokens, prompts, chunked, **llm_kwargs)
+            results.append(summarize(path, tokens, ref, ours, cpp, int_dot=setting))
+    finally:
+        if saved is None:
+            os.environ.pop("KC_CPU_GGUF_INT_DOT", None)
+        else:
+            os.environ["KC_CPU_GGUF_INT_DOT"] = saved
+    return results
+
+
+def summarize(path: str, tokens: list[int], ref: dict, ours: dict, cpp: dict | None, **extra) -> dict:
     result = {
-        "file": os.path.basename(path), "tokens": len(tokens),
+        "file": os.path.basename(path), "tokens": len(tokens), **extra,
         "ppl_reference": perplexity(ref["token_logprobs"]), "ppl_kernelcore": perplexity(ours["token_logprobs"]),
         "agree_kernelcore": agreement(ours["greedy"], ref["greedy"]),
+        "prefix_kernelcore": prefix_tokens(ours["greedy"], ref["greedy"]),
         "chunked_ppl_reference": chunked_perplexity(ref["chunk_logprobs"]),
         "chunked_ppl_kernelcore": chunked_perplexity(ours["chunk_logprobs"]),
     }
-    if llamacpp:
-        cpp = llamacpp_results(path, tokens, prompts)
-        result.update(agree_llamacpp=agreement(cpp["greedy"], ref["greedy"]), chunked_ppl_llamacpp=cpp["chunked_ppl"])
+    if cpp is not None:
+        result.update(agree_llamacpp=agreement(cpp["greedy"], ref["greedy"]),
+                      prefix_llamacpp=prefix_tokens(cpp["greedy"], ref["greedy"]), chunked_ppl_llamacpp=cpp["chunked_ppl"])
     return result
+
+
+def measure(path: str, llamacpp: bool = False, **llm_kwargs) -> dict:
+    """The checks under the environment's KC_CPU_GGUF_INT_DOT (auto where unset)."""
+    return measure_settings(path, [os.environ.get("KC_CPU_GGUF_INT_DOT", "auto")], llamacpp, **llm_kwargs)[0]
 
 
 @click.command()
 @click.argument("files", nargs=-1, required=True)
 @click.option("--llamacpp", is_flag=True, help="also run llama.cpp on the same checks")
 @click.option("--dtype", default="float32", show_default=True)
-def main(files: tuple[str, ...], llamacpp: bool, dtype: str) -> None:
+@click.option("--int-dot", "int_dots", multiple=True,
+              help="KC_CPU_GGUF_INT_DOT settings to measure kernelcore under (repeatable: auto, none, all, Q8_0, "
+              "Q4_1,Q8_0, ...) [default: the environment's, else auto]")
+def main(files: tuple[str, ...], llamacpp: bool, dtype: str, int_dots: tuple[str, ...]) -> None:
+    settings = list(int_dots) or [os.environ.get("KC_CPU_GGUF_INT_DOT", "auto")]
     for path in files:
-        r = measure(path, llamacpp, dtype=dtype)
-        print(f"{r['file']}: {r['tokens']} tokens")
-        print(f"  perplexity      reference {r['ppl_reference']:.4f}  kernelcore {r['ppl_kernelcore']:.4f} "
-              f"({100 * (r['ppl_kernelcore'] / r['ppl_reference'] - 1):+.2f}%)")
-        print(f"  greedy {GREEDY_TOKENS} tokens kernelcore {r['agree_kernelcore']}/{NUM_PROMPTS} prompts equal to "
-              "the reference" + (f", llama.cpp {r['agree_llamacpp']}/{NUM_PROMPTS}" if llamacpp else ""))
-        print(f"  chunked ppl     reference {r['chunked_ppl_reference']:.4f}  kernelcore "
-              f"{r['chunked_ppl_kernelcore']:.4f}"
-              + (f"  llama.cpp {r['chunked_ppl_llamacpp']:.4f}" if llamacpp else ""))
+        for r in measure_settings(path, settings, llamacpp, dtype=dtype):
+            print(f"{r['file']}: {r['tokens']} tokens, KC_CPU_GGUF_INT_DOT={r['int_dot']}")
+            print(f"  perplexity      reference {r['ppl_reference']:.4f}  kernelcore {r['ppl_kernelcore']:.4f} "
+                  f"({100 * (r['ppl_kernelcore'] / r['ppl_reference'] - 1):+.2f}%)")
+            print(f"  greedy {GREEDY_TOKENS} tokens kernelcore {r['agree_kernelcore']}/{NUM_PROMPTS} prompts equal to "
+                  "the reference" + (f", llama.cpp {r['agree_llamacpp']}/{NUM_PROMPTS}" if llamacpp else "")
+                  + f"; tokens before the first difference kernelcore {r['prefix_kernelcore']}/"
+                  f"{NUM_PROMPTS * GREEDY_TOKENS}" + (f", llama.cpp {r['prefix_llamacpp']}" if llamacpp else ""))
+            print(f"  chunked ppl     reference {r['chunked_ppl_reference']:.4f}  kernelcore "
+                  f"{r['chunked_ppl_kernelcore']:.4f}"
+                  + (f"  llama.cpp {r['chunked_ppl_llamacpp']:.4f}" if llamacpp else ""))
 
 
 if __name__ == "__main__":

@@ -40,15 +40,23 @@ def vendored_source(version: str = DEFAULT_VERSION) -> str:
     return src
 
 
-def build_server(version: str = DEFAULT_VERSION, jobs: int | None = None, tool: str = "llama-server") -> str:
-    """Path of a ``llama-server`` binary (or another of its tools: ``llama-perplexity``) built natively
-    (-DGGML_NATIVE=ON), CPU only, nothing fetched at build time."""
+# isa -> ggml's CPU flags: native = what this CPU has; avx2 = an AVX2-only CPU's build (Zen 2/3, Haswell-Skylake
+# client parts), to compare the AVX2 paths of both servers on an AVX-512 machine.
+ISA_FLAGS = {"native": ["-DGGML_NATIVE=ON"],
+             "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                      "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"]}
+
+
+def build_server(version: str = DEFAULT_VERSION, jobs: int | None = None, tool: str = "llama-server",
+                 isa: str = "native") -> str:
+    """Path of a ``llama-server`` binary (or another of its tools: ``llama-perplexity``) built for ``isa``
+    (ISA_FLAGS: the CPU's own instructions by default), CPU only, nothing fetched at build time."""
     src = vendored_source(version)
-    build = os.path.join(cache_dir(), f"build-{version}")
+    build = os.path.join(cache_dir(), f"build-{version}" + ("" if isa == "native" else f"-{isa}"))
     binary = os.path.join(build, "bin", tool)
     if os.access(binary, os.X_OK):
         return binary
-    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
+    flags = ["-DCMAKE_BUILD_TYPE=Release", *ISA_FLAGS[isa], "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
              "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF",
              "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"]
     subprocess.run(["cmake", "-S", src, "-B", build, *flags], check=True)
@@ -71,5 +79,10 @@ def convert(checkpoint: str, outtype: str, version: str = DEFAULT_VERSION) -> st
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or ["llama-server"]:  # tool names: llama-server, llama-perplexity
-        print(build_server(tool=name))
+    # python benchmarks/llamacpp_build.py [--isa avx2] [TOOL ...]  (tools: llama-server, llama-perplexity)
+    args = sys.argv[1:]
+    isa = "native"
+    if args[:1] == ["--isa"]:
+        isa, args = args[1], args[2:]
+    for name in args or ["llama-server"]:
+        print(build_server(tool=name, isa=isa))

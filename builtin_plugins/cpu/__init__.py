@@ -9,6 +9,18 @@ def _isa(value: str) -> str:
     return value
 
 
+def _int_dot_setting(value: str | None) -> tuple[str, ...]:
+    """("auto",), ("all",) or the type names (upper case); () for none. Resolved by gguf_native.int_dot_types."""
+    text = (value or "").strip()
+    if text.lower() in ("", "auto"):
+        return ("auto",)
+    if text.lower() in ("all", "1", "true", "yes", "on"):
+        return ("all",)
+    if text.lower() in ("none", "0", "false", "no", "off"):
+        return ()
+    return tuple(sorted({name.strip().upper() for name in text.split(",") if name.strip()}))
+
+
 # 0 = the CPU platform's decode attention and small linears use torch ops instead of the kernels built with g++.
 envs.declare("KC_CPU_NATIVE_KERNELS", lambda v: v is None or envs.boolean(v), owner="cpu")
 # The fixed routing (KC_CPU_TUNE_LINEARS=0): fp32 linears with at most this many rows (decode steps) use the
@@ -22,9 +34,11 @@ envs.declare("KC_CPU_FOLLOW_FREE_CORES", lambda v: v is None or envs.boolean(v),
 envs.declare("KC_CPU_HUGE_PAGES", lambda v: v is None or envs.boolean(v), owner="cpu")
 # 0 = glibc's malloc keeps its defaults in the CPU worker (large blocks mmapped per allocation, trimmed on free).
 envs.declare("KC_CPU_KEEP_FREED_MEMORY", lambda v: v is None or envs.boolean(v), owner="cpu")
-# 1 = GGUF decode-sized matmuls quantize the activations to int8 per block for integer dot products (llama.cpp's
-# scheme: faster, but the activations are rounded); unset/0 = the float kernel, exactly the file's weights.
-envs.declare("KC_CPU_GGUF_INT_DOT", envs.boolean, owner="cpu")
+# Which GGUF types may quantize the activations to int8 per block for integer dot products (llama.cpp's scheme:
+# faster, the activations rounded): unset/auto = the types whose quality bound holds (gguf_native.INT_DEFAULT_TYPES),
+# 1/all = every type with an integer kernel, 0/none = none (the float kernel: exactly the file's weights), or a
+# comma-separated list of type names (Q4_1,Q8_0).
+envs.declare("KC_CPU_GGUF_INT_DOT", lambda v: _int_dot_setting(v), owner="cpu")
 # avx2 = the native kernels compiled without AVX-512 (and AMX), as for an AVX2-only CPU; unset/native = -march=native.
 envs.declare("KC_CPU_KERNEL_ISA", lambda v: _isa(v or "native"), owner="cpu")
 # Time each linear implementation per layer shape and batch size at start-up and route by the result.

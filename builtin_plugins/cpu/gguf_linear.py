@@ -14,8 +14,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from builtin_plugins.cpu.gguf_native import GGUFKernel, load_gguf_kernel
+from builtin_plugins.cpu.gguf_native import GGUFKernel, int_dot_types, load_gguf_kernel
 from builtin_plugins.cpu.linear import _PACKED_DTYPES, _scratch_like
+from builtin_plugins.cpu.linear_tuning import Candidates, Impl, run_tuned
 from builtin_plugins.quantization.gguf import GGUFBlocksMethod
 from kernelcore import envs
 from kernelcore.models.gguf_params import GGUFPart
@@ -46,16 +47,42 @@ def _dequant_linear(kernel: GGUFKernel, x: torch.Tensor, layer: GGUFPart, bias: 
 class CpuGGUFMethod(GGUFBlocksMethod):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         kernel = load_gguf_kernel()
-        self.kernel = kernel if kernel is not None and kernel.supports(cast(GGUFPart, layer).gguf_type) else None
-        self.allow_int = bool(envs.KC_CPU_GGUF_INT_DOT)  # read once: apply is on every decode step
+        part = cast(GGUFPart, layer)
+        self.kernel = kernel if kernel is not None and kernel.supports(part.gguf_type) else None
+        # read once: apply is on every decode step
+        self.allow_int = part.gguf_type in int_dot_types(envs.KC_CPU_GGUF_INT_DOT) and GGUFKernel.supports(
+            part.gguf_type, int_dot=True)
+
+    def candidates(self, layer: nn.Module) -> Candidates:
+        """The ways this part's matmul can run here, for the start-up tuning (linear_tuning.py): the float kernel,
+        dequantized tiles + GEMM, and the int kernel where the quality policy allows it for this type."""
+        kernel, part = self.kernel, cast(GGUFPart, layer)
+        impls: dict[str, Impl] = {}
+        if kernel is not None:
+            def native(how: str) -> Impl:
+                def impl(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+                    return self._run(how, cast(GGUFPart, layer), x, bias)
+                return impl
+
+            impls = {how: native(how) for how in kernel.options(part.gguf_type) if how != "int" or self.allow_int}
+        key = (type(self).__name__, (part.output_size, part.input_size), part.gguf_type, "int" in impls)
+        return Candidates(key, part.params_dtype, impls, in_features=part.input_size)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         kernel, part = self.kernel, cast(GGUFPart, layer)
         if kernel is None or x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu":
             return super().apply(layer, x, bias)
+        y = run_tuned(layer, x, bias)
+        if y is not None:
+            return y
         x2 = x.reshape(-1, x.shape[-1])
         how = kernel.choose(part.gguf_type, x2.shape[0], part.output_size, part.input_size, dtype=x.dtype,
                             allow_int=self.allow_int)
+        return self._run(how, part, x, bias)
+
+    def _run(self, how: str, part: GGUFPart, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        kernel = cast(GGUFKernel, self.kernel)
+        x2 = x.reshape(-1, x.shape[-1])
         if how == "dequant":
             y = _dequant_linear(kernel, x2, part, bias)
         else:

@@ -39,6 +39,13 @@ TYPES: dict[str, tuple[int, int, int]] = {
     "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136),
 }
 INT_DOT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K"})
+# The int path's quality policy: the types whose int8 activations are the default (the start-up tuner may then pick
+# "int" where it is fastest), each measured on a real file with benchmarks/gguf_quality.py --llamacpp, that type alone
+# on the int path (KC_CPU_GGUF_INT_DOT=TYPE): perplexity within INT_PPL_BOUND of the file's float32 reference AND
+# greedy agreement with the reference at least llama.cpp's own on the same check. The figures are in
+# docs/quantization.md; a type not listed keeps the float kernel (exactly the file's weights) unless asked.
+INT_PPL_BOUND = 0.005
+INT_DEFAULT_TYPES: frozenset[str] = frozenset()
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 HOWS = ("float", "int", "dequant")
 
@@ -75,6 +82,19 @@ FLOAT_ROWS_F32 = {"Q4_0": 48, "Q4_1": 32, "Q5_0": 16, "Q5_1": 48, "Q8_0": 24, "I
 # whole / 505 us in 1 MiB chunks; Q8_0 49152x576 at M=16 40.3 ms whole / 8.3 ms in 1 MiB chunks).
 DEQUANT_WHOLE_BYTES = 8 << 20
 DEQUANT_CHUNK_BYTES = 1 << 20
+
+
+def int_dot_types(setting: tuple[str, ...]) -> frozenset[str]:
+    """The types allowed the int path under a ``KC_CPU_GGUF_INT_DOT`` setting (see builtin_plugins/cpu/__init__)."""
+    if setting == ("auto",):
+        return INT_DEFAULT_TYPES
+    if setting == ("all",):
+        return INT_DOT_TYPES
+    unknown = sorted(set(setting) - INT_DOT_TYPES)
+    if unknown:
+        raise ValueError(f"KC_CPU_GGUF_INT_DOT: no integer kernel for {', '.join(unknown)} (types with one: "
+                         f"{', '.join(sorted(INT_DOT_TYPES))}; or auto, all, none)")
+    return frozenset(setting)
 
 
 class GGUFKernel:

@@ -29,9 +29,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from builtin_plugins.cpu import small_gemm
+from builtin_plugins.cpu import gguf_native, small_gemm
 from builtin_plugins.cpu.cpuinfo import cpu_id
-from builtin_plugins.cpu.native import check_private, source_files
+from builtin_plugins.cpu.native import check_private, compile_flags, source_files
 
 logger = logging.getLogger("kernelcore.cpu")
 
@@ -54,6 +54,7 @@ class Candidates:
     key: tuple
     dtype: torch.dtype
     impls: dict[str, Impl]
+    in_features: int = 0  # the activations' width where the weight tensor's last dimension is not (packed blocks)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,8 @@ def _time_at(groups: list[_Group], rows: int) -> None:
         if group.done:
             continue
         first = group.layers[0]
-        x = torch.randn(rows, _weight(first).shape[-1], generator=generator).to(group.candidates.dtype)
+        width = group.candidates.in_features or _weight(first).shape[-1]
+        x = torch.randn(rows, width, generator=generator).to(group.candidates.dtype)
         for name, impl in list(group.alive.items()):  # one warm-up call each; drop what does not apply
             try:
                 if impl(first, x, _bias(first)) is None:
@@ -193,8 +195,10 @@ def _stream_sample(layers: list[nn.Module]) -> list[nn.Module]:
 
 def _identity(groups: dict[tuple, _Group], counts: list[int]) -> str:
     """What the measurements depend on: the machine, the threads, torch, the native kernels, the layers."""
-    kernel = [path.read_text() for path in source_files(small_gemm.SOURCE)]  # the source and its headers
-    parts = [cpu_id(), torch.__version__, str(torch.get_num_threads()), *kernel, repr(counts), repr(SAMPLE_BYTES)]
+    kernel = [path.read_text() for source in (small_gemm.SOURCE, gguf_native.SOURCE)  # the sources, their headers
+              for path in source_files(source)]
+    parts = [cpu_id(), torch.__version__, str(torch.get_num_threads()), *kernel, repr(counts), repr(SAMPLE_BYTES),
+             " ".join(compile_flags())]
     parts += [repr((key, str(g.candidates.dtype), len(g.layers), sorted(g.candidates.impls)))
               for key, g in groups.items()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
