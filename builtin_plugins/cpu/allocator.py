@@ -41,6 +41,16 @@ def keep_freed_memory() -> bool:
         return False
 
 
+def release_freed_memory() -> bool:
+    """Give the heap's free pages back to the kernel now (glibc's ``malloc_trim``): what loading the weights freed
+    (a file's tensors read, converted, copied into place) would otherwise stay resident for the server's life under
+    ``keep_freed_memory``'s raised trim threshold. False where it is not glibc."""
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def zero_pages_tensor(shape: tuple[int, ...], dtype: torch.dtype, huge_pages: bool = False) -> torch.Tensor:
     """A zeroed tensor in its own private anonymous mapping: the kernel's zero pages, which take memory only once
     written. A KV cache allocated this way makes a server's resident memory follow the tokens it has cached, not

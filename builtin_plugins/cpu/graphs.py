@@ -74,6 +74,12 @@ class _TorchCall:
 
 
 class _Recorder(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch otherwise wraps __torch_dispatch__ in torch._dynamo.disable, whose first call imports dynamo and
+        # triton (about 150 MiB resident in every CPU worker); nothing is compiled under this mode.
+        return False
+
     def __init__(self, tape: list, keep: list) -> None:
         super().__init__()
         self.tape, self.keep = tape, keep

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from builtin_plugins.cpu.allocator import keep_freed_memory
+from builtin_plugins.cpu.allocator import keep_freed_memory, release_freed_memory
 from builtin_plugins.cpu.hugepages import move_weights_to_huge_pages
 from builtin_plugins.cpu.linear import prepack_linears
 from builtin_plugins.cpu.linear_tuning import tune_linears
@@ -39,6 +39,7 @@ class CpuWorker(WorkerBase):
         if envs.KC_CPU_TUNE_LINEARS:
             tune_linears(runner.model, self.config.scheduler.max_num_batched_tokens,
                          cache_dir=Path(envs.KC_CACHE_DIR) / "cpu-linear-tuning")
+        release_freed_memory()  # the loader's freed buffers, before the first forward allocates its activations
         self.model_runner = runner
         if self.thread_policy is not None:
             self.thread_policy.follow_during(runner.model)

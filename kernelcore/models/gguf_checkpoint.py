@@ -114,6 +114,57 @@ def tokenizer(path: str):
 
 
 def hf_names(config) -> dict[str, str]:
+    """GGUF tensor name -> Hugging Face parameter name (:func:`_hf_names_here`), computed in a child process and
+    kept under ``$KC_CACHE_DIR/gguf-names`` keyed by the config and the library versions. Building transformers'
+    model class, even on the meta device, imports its modeling code, torch._dynamo and triton: about 200 MiB that
+    a serving process would keep resident for nothing."""
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    import gguf
+    import transformers
+
+    from kernelcore import envs
+
+    body = json.dumps({"config": config.to_dict(), "gguf_architecture": config.gguf_architecture}, sort_keys=True,
+                      default=str)
+    key = hashlib.sha256("\n".join([body, transformers.__version__, getattr(gguf, "__version__", "")]).encode())
+    cache = os.path.join(envs.KC_CACHE_DIR, "gguf-names", f"{key.hexdigest()[:24]}.json")
+    try:
+        with open(cache) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass
+    child = subprocess.run([sys.executable, "-c", "from kernelcore.models.gguf_checkpoint import _names_main; "
+                            "_names_main()"], input=body, capture_output=True, text=True, timeout=600)
+    if child.returncode != 0:
+        raise GGUFError(f"mapping the GGUF tensor names failed: {child.stderr.strip()[-2000:]}")
+    names = json.loads(child.stdout)
+    os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+    tmp = f"{cache}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(names, f)
+    os.replace(tmp, cache)  # atomic: processes loading the same model together keep one file
+    return names
+
+
+def _names_main() -> None:
+    """The child of :func:`hf_names`: the config as JSON on stdin, the name table as JSON on stdout."""
+    import json
+    import sys
+
+    from transformers import AutoConfig
+
+    body = json.load(sys.stdin)
+    values = dict(body["config"])
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    config.gguf_architecture = body["gguf_architecture"]
+    json.dump(_hf_names_here(config), sys.stdout)
+
+
+def _hf_names_here(config) -> dict[str, str]:
     """GGUF tensor name -> Hugging Face parameter name, from the state-dict keys of the config's model (built on
     the meta device, no memory) mapped forward through gguf's own tensor-name table."""
     import gguf
