@@ -137,8 +137,10 @@ def hf_names(config) -> dict[str, str]:
             return json.load(f)
     except (OSError, ValueError):
         pass
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where kernelcore is
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     child = subprocess.run([sys.executable, "-c", "from kernelcore.models.gguf_checkpoint import _names_main; "
-                            "_names_main()"], input=body, capture_output=True, text=True, timeout=600)
+                            "_names_main()"], input=body, capture_output=True, text=True, timeout=600, env=env)
     if child.returncode != 0:
         raise GGUFError(f"mapping the GGUF tensor names failed: {child.stderr.strip()[-2000:]}")
     names = json.loads(child.stdout)
