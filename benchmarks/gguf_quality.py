@@ -170,6 +170,7 @@ def prefix_tokens(greedy: list[list[int]], reference: list[list[int]]) -> int:
 def measure_settings(path: str, settings: list[str], llamacpp: bool = False, **llm_kwargs) -> list[dict]:
     """``measure`` for each KC_CPU_GGUF_INT_DOT setting (auto, none, all, a type list), the reference and llama.cpp
     computed once; each result carries its ``int_dot`` setting."""
+    from kernelcore import envs
     from kernelcore.models.gguf_checkpoint import tokenizer
 
     tok = tokenizer(path)
@@ -183,7 +184,8 @@ def measure_settings(path: str, settings: list[str], llamacpp: bool = False, **l
     saved = os.environ.get("KC_CPU_GGUF_INT_DOT")
     try:
         for setting in settings:
-            os.environ["KC_CPU_GGUF_INT_DOT"] = setting  # read by the worker processes the LLM starts
+            os.environ["KC_CPU_GGUF_INT_DOT"] = setting
+            envs.unfreeze()  # an in-process worker froze the environment it started with: read it anew
             ours = kernelcore_results(path, tokens, prompts, chunked, **llm_kwargs)
             results.append(summarize(path, tokens, ref, ours, cpp, int_dot=setting))
     finally:

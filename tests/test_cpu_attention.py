@@ -68,7 +68,7 @@ def metadata_for(step, tables, block_size):
         max_query_len=max(query_lens), max_seq_len=max(seq_lens))
 
 
-def run_steps(impl, steps, block_size, dtype, seed=0):
+def run_steps(impl, steps, block_size, dtype, seed=0, cache_dtype=None):
     """Feed each sequence's tokens through ``impl`` step by step; return (outputs, reference) per step.
 
     steps: one list of (context_len, query_len) per step, the same sequences in every step, contexts
@@ -77,7 +77,7 @@ def run_steps(impl, steps, block_size, dtype, seed=0):
     num_heads, num_kv_heads, head_size = impl.num_heads, impl.num_kv_heads, impl.head_size
     totals = [c + n for c, n in steps[-1]]
     num_blocks = sum(-(-t // block_size) for t in totals) + 3
-    kv_cache = make_cache(num_blocks, block_size, num_kv_heads, head_size, dtype)
+    kv_cache = make_cache(num_blocks, block_size, num_kv_heads, head_size, cache_dtype or dtype)
     tables = make_tables(totals, block_size, num_blocks, generator)
     history_k = [torch.empty(0, num_kv_heads, head_size, dtype=dtype) for _ in totals]
     history_v = [torch.empty(0, num_kv_heads, head_size, dtype=dtype) for _ in totals]
@@ -263,3 +263,38 @@ def test_a_sequences_decode_bits_do_not_depend_on_its_batch(shape, dtype):
     batch = decode(list(range(len(lengths))))
     for i in (0, 2, 5, 1):
         assert torch.equal(decode([i])[0], batch[i]), f"sequence {i} (length {lengths[i]})"
+
+
+@pytest.mark.parametrize("shape", [(9, 3, 64, 16), (4, 1, 256, 16), (8, 2, 80, 32), (4, 1, 128, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_a_bfloat16_cache_under_float32_activations(shape, native):
+    """--kv-cache-dtype bfloat16 with a float32 model: the cache holds each key and value rounded to bfloat16 (as
+    .to(torch.bfloat16) rounds them), every product stays float32; decodes, a chunk after a cached prefix and fresh
+    prefills within bfloat16's rounding of the keys and values."""
+    num_heads, num_kv_heads, head_size, block_size = shape
+    impl = make_impl(num_heads, num_kv_heads, head_size, native)
+    if native:
+        assert impl._native(torch.float32, torch.bfloat16) is not None
+    prompts = [1, 7, block_size + 1, 3 * block_size - 1]
+    steps = [[(0, n) for n in prompts], [(n, 1) for n in prompts], [(n + 1, 2 * block_size) for n in prompts],
+             [(n + 1 + 2 * block_size, 1) for n in prompts]]
+    for out, reference in run_steps(impl, steps, block_size, torch.float32, seed=5, cache_dtype=torch.bfloat16):
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, reference, atol=2e-2, rtol=2e-2)
+
+
+def test_the_native_write_rounds_as_torch_does():
+    kernel = load_paged_decode_kernel()
+    if kernel is None:
+        pytest.skip("no compiler")
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(5, 2, 64, generator=g), torch.randn(5, 2, 64, generator=g)
+    caches = [make_cache(2, 16, 2, 64, dtype) for dtype in (torch.bfloat16, torch.float32)]
+    slots = torch.tensor([0, 3, 16, 17, 31])
+    for cache in caches:
+        kernel.write_kv(k, v, cache[0], cache[1], slots)
+    assert caches[0].dtype == torch.bfloat16
+    assert torch.equal(caches[0], caches[1].to(torch.bfloat16))
+    with pytest.raises(ValueError):  # bfloat16 activations into a float32 cache: not a combination it takes
+        kernel.write_kv(k.bfloat16(), v.bfloat16(), caches[1][0], caches[1][1], slots)

@@ -67,3 +67,25 @@ def test_an_engine_kv_cache_takes_memory_as_it_fills(tmp_path):
     for start, end in zip(at_start, after, strict=True):
         assert end - start >= written // 2
         assert end <= nbytes // 4
+
+
+def test_a_kv_cache_dtype_the_backend_does_not_list_is_refused():
+    from kernelcore.config import KernelConfig
+    from kernelcore.executor.model_runner import ModelRunner
+
+    class Backend:
+        supported_kv_cache_dtypes = ("bfloat16",)
+
+        @staticmethod
+        def get_name():
+            return "NOVA"
+
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.config, runner.dtype = KernelConfig(), torch.float32
+    runner.attn_layers = [type("Layer", (), {"backend": Backend})()]
+    for name, dtype in (("auto", torch.float32), ("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        runner.config.cache.kv_cache_dtype = name
+        assert runner.kv_cache_dtype == dtype
+    runner.config.cache.kv_cache_dtype = "float16"
+    with pytest.raises(ValueError, match="NOVA"):
+        runner.kv_cache_dtype  # noqa: B018

@@ -100,3 +100,25 @@ def test_every_quantized_layer_keeps_the_files_blocks(gemma3_gguf):
     stored = set(tensor_types(gemma3_gguf).values()) - {"F32"}
     assert set(held) == stored == {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}
     assert model_bytes <= 1.05 * os.path.getsize(gemma3_gguf)
+
+
+def test_a_bfloat16_kv_cache_decodes_as_the_float32_cache_does(smollm2_gguf):
+    """--kv-cache-dtype bfloat16 under the float32 activations: half the cache per token (twice the blocks in the
+    same memory), and the real model's greedy answers equal the float32 cache's."""
+    from kernelcore import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    answers, blocks = {}, {}
+    for kv_dtype in ("auto", "bfloat16"):
+        llm = LLM(smollm2_gguf, max_model_len=256, kv_cache_memory=64 << 20, kv_cache_dtype=kv_dtype)
+        try:
+            runner = llm.engine_core.executor.worker.model_runner
+            assert runner.kv_caches[0].dtype == (torch.bfloat16 if kv_dtype == "bfloat16" else torch.float32)
+            blocks[kv_dtype] = llm.config.cache.num_blocks
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            answers[kv_dtype] = [list(o.outputs[0].token_ids) for o in outs]
+        finally:
+            llm.shutdown()
+    assert blocks["bfloat16"] == 2 * blocks["auto"]
+    assert answers["bfloat16"] == answers["auto"]

@@ -27,10 +27,10 @@ class CpuAttentionImpl(AttentionImpl):
         kernel = load_paged_decode_kernel()  # None: no compiler here, the torch paths below run
         self.native_decode = kernel if kernel is not None and kernel.supports_heads(num_heads, num_kv_heads) else None
 
-    def _native(self, dtype: torch.dtype):
-        """The native kernel when it handles this layer and dtype, else None."""
+    def _native(self, dtype: torch.dtype, cache_dtype: torch.dtype):
+        """The native kernel when it handles this layer, its activations' dtype and its cache's, else None."""
         kernel = self.native_decode
-        return kernel if kernel is not None and kernel.supports_dtype(dtype) else None
+        return kernel if kernel is not None and kernel.supports_dtype(dtype, cache_dtype) else None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -75,8 +75,8 @@ class CpuAttentionImpl(AttentionImpl):
             # A chunk after cached tokens (chunked prefill, prefix-cache hit): only the cached prefix is gathered.
             blocks = metadata.block_tables[i, : -(-context_len // block_size)]
             # [Hkv, C, D], made contiguous: the flash kernel misreads a last dimension with stride != 1
-            k_prefix = keys_t[blocks].permute(1, 0, 3, 2).flatten(1, 2)[:, :context_len].contiguous()
-            v_prefix = v_cache[blocks].transpose(0, 1).flatten(1, 2)[:, :context_len]
+            k_prefix = keys_t[blocks].permute(1, 0, 3, 2).flatten(1, 2)[:, :context_len].to(q.dtype).contiguous()
+            v_prefix = v_cache[blocks].transpose(0, 1).flatten(1, 2)[:, :context_len].to(q.dtype)
             out[s:s + num_q] = self._chunk_after_prefix(q[s:s + num_q], k[s:s + num_q], v[s:s + num_q],
                                                         k_prefix, v_prefix)
         return out.view(num_tokens, -1)
@@ -84,15 +84,15 @@ class CpuAttentionImpl(AttentionImpl):
     def _write_kv(self, k, v, k_cache, v_cache, metadata) -> None:
         """Each new token's key into column ``offset`` of its block's [D, block_size] key slab, its value
         into row ``offset`` of the [block_size, D] value slab."""
-        kernel = self._native(k.dtype)
+        kernel = self._native(k.dtype, k_cache.dtype)
         if kernel is not None:
             return kernel.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         if "slot_block" not in metadata.scratch:  # once per step, shared by every layer
             block_size = k_cache.shape[2]
             metadata.scratch["slot_block"] = (metadata.slot_mapping // block_size, metadata.slot_mapping % block_size)
         blocks, offsets = metadata.scratch["slot_block"]
-        _keys_transposed(k_cache)[blocks, :, :, offsets] = k
-        v_cache[blocks, :, offsets] = v
+        _keys_transposed(k_cache)[blocks, :, :, offsets] = k.to(k_cache.dtype)
+        v_cache[blocks, :, offsets] = v.to(v_cache.dtype)
 
     # Prefill goes through torch's flash-attention CPU kernel without a mask: an explicit mask (or 3-D inputs,
     # or enable_gqa) sends scaled_dot_product_attention to its slow math path (2-3x slower at 512 tokens).
@@ -150,8 +150,8 @@ class CpuAttentionImpl(AttentionImpl):
         if num_blocks > first:
             blocks = block_table[first:num_blocks]
             length = context_len - first * block_size
-            k_prefix = keys_t[blocks].permute(0, 3, 1, 2).flatten(0, 1)[:length]  # [C, Hkv, D]
-            v_prefix = v_cache[blocks].transpose(1, 2).flatten(0, 1)[:length]
+            k_prefix = keys_t[blocks].permute(0, 3, 1, 2).flatten(0, 1)[:length].to(k.dtype)  # [C, Hkv, D]
+            v_prefix = v_cache[blocks].transpose(1, 2).flatten(0, 1)[:length].to(v.dtype)
             k, v = torch.cat([k_prefix, k]), torch.cat([v_prefix, v])
         return self._windowed(q, k, v)
 
@@ -168,7 +168,7 @@ class CpuAttentionImpl(AttentionImpl):
 
     def _decode(self, q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch):
         """One query per sequence: the native kernel reads each cached K/V row once, in place."""
-        kernel = self._native(q.dtype)
+        kernel = self._native(q.dtype, k_cache.dtype)
         if kernel is not None:
             return kernel(q, k_cache, v_cache, block_tables, seq_lens, self.scale, self.sliding_window)
         return self._decode_torch(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len, scratch)
@@ -205,8 +205,8 @@ class CpuAttentionImpl(AttentionImpl):
         for s in range(0, num_seqs, group):
             e = min(s + group, num_seqs)
             blocks = tables[s:e]
-            keys = keys_t[blocks].permute(0, 2, 3, 1, 4).reshape(e - s, num_kv_heads, head_size, length)
-            values = v_cache[blocks].transpose(1, 2).reshape(e - s, num_kv_heads, length, head_size)
+            keys = keys_t[blocks].permute(0, 2, 3, 1, 4).reshape(e - s, num_kv_heads, head_size, length).to(q.dtype)
+            values = v_cache[blocks].transpose(1, 2).reshape(e - s, num_kv_heads, length, head_size).to(q.dtype)
             scores = torch.matmul(qg[s:e], keys).mul_(self.scale).add_(bias[s:e])
             torch.matmul(torch.softmax(scores, dim=-1), values, out=out[s:e])
         return out.view(num_seqs, self.num_heads, head_size)
@@ -220,6 +220,7 @@ def _keys_transposed(k_cache: torch.Tensor) -> torch.Tensor:
 
 class CpuAttentionBackend(AttentionBackend):
     supports_sliding_window = True
+    supported_kv_cache_dtypes = ("float32", "bfloat16")  # (bfloat16 under float32 activations: the native kernel)
 
     @staticmethod
     def get_name() -> str:

@@ -52,11 +52,12 @@ class PagedDecodeKernel:
     def __init__(self, library: ctypes.CDLL):
         self._fn = library.kc_paged_decode
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        self._fn.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64,
+        c_int = ctypes.c_int
+        self._fn.argtypes = [c_int, c_int, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64,
                              ctypes.c_float, i64, ctypes.c_int]
         self._fn.restype = ctypes.c_int
         self._write = library.kc_write_kv
-        self._write.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64,
+        self._write.argtypes = [c_int, c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64,
                                 ctypes.c_int]
         self._write.restype = ctypes.c_int
         replay_in_c(library, self._fn)
@@ -65,16 +66,17 @@ class PagedDecodeKernel:
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         """k/v [T, Hkv, D] (token rows may be strided) into their slots of the [num_blocks, Hkv, block_size, D]
-        caches (keys transposed per block)."""
+        caches (keys transposed per block); a bfloat16 cache takes float32 rows rounded to nearest even."""
         num_tokens, num_kv_heads, head_size = k.shape
-        if not (k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and k.shape == v.shape
+        if not (k.dtype == v.dtype and k_cache.dtype == v_cache.dtype and self.supports_dtype(k.dtype, k_cache.dtype)
+                and k.shape == v.shape
                 and k.stride()[1:] == v.stride()[1:] == (head_size, 1) and k_cache.is_contiguous()
                 and v_cache.is_contiguous() and k_cache.shape == v_cache.shape
                 and k_cache.shape[1] == num_kv_heads and k_cache.shape[3] == head_size
                 and slot_mapping.dtype == torch.int64 and slot_mapping.shape == (num_tokens,)):
             raise ValueError("paged write: keys, values, caches or slot mapping do not match")
         slot_mapping = slot_mapping.contiguous()
-        status = launch(self._write, DTYPE_CODES[k.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
+        status = launch(self._write, DTYPE_CODES[k.dtype], DTYPE_CODES[k_cache.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
                              k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), num_tokens, num_kv_heads,
                              head_size, k_cache.shape[2], k_cache.shape[0], CURRENT_THREADS)
         if status != 0:
@@ -85,8 +87,12 @@ class PagedDecodeKernel:
         return num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 64 and num_heads <= 1024
 
     @staticmethod
-    def supports_dtype(dtype: torch.dtype) -> bool:
-        return dtype in DTYPE_CODES
+    def supports_dtype(dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> bool:
+        """Queries (and output) of ``dtype`` over a cache of ``cache_dtype`` (default: the same): float32 or
+        bfloat16 alike, or float32 queries over a bfloat16 cache."""
+        cache_dtype = cache_dtype or dtype
+        return dtype in DTYPE_CODES and (cache_dtype == dtype or (dtype, cache_dtype) == (torch.float32,
+                                                                                            torch.bfloat16))
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float, sliding_window: int | None = None) -> torch.Tensor:
@@ -95,7 +101,8 @@ class PagedDecodeKernel:
         [B] int64 -> [B, H, D]. ``sliding_window``: each query sees its last N positions only (the blocks
         before them are not read, so their table entries may be stale)."""
         # Raw pointers cross into C++: check what would otherwise read out of bounds.
-        if not (k_cache.dtype == v_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+        if not (k_cache.dtype == v_cache.dtype and self.supports_dtype(q.dtype, k_cache.dtype)
+                and k_cache.is_contiguous() and v_cache.is_contiguous()
                 and k_cache.shape == v_cache.shape and k_cache.shape[3] == q.shape[2]
                 and block_tables.dtype == seq_lens.dtype == torch.int64
                 and block_tables.shape[0] == seq_lens.shape[0] == q.shape[0]):
@@ -104,7 +111,7 @@ class PagedDecodeKernel:
         block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
         num_seqs, num_heads, head_size = q.shape
         out = torch.empty_like(q)
-        status = launch(self._fn, DTYPE_CODES[q.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        status = launch(self._fn, DTYPE_CODES[q.dtype], DTYPE_CODES[k_cache.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                           block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads,
                           k_cache.shape[1], head_size, k_cache.shape[2], block_tables.shape[1], k_cache.shape[0],
                           scale, sliding_window or 0, CURRENT_THREADS)

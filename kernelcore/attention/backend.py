@@ -25,6 +25,8 @@ class AttentionImpl:
 
 class AttentionBackend:
     supports_sliding_window = False  # True: the impl honours ``sliding_window`` (else such models are refused)
+    # KV-cache element types (CacheConfig.kv_cache_dtype) the impl reads and writes besides the model's dtype
+    supported_kv_cache_dtypes: tuple[str, ...] = ()
 
     @staticmethod
     def get_name() -> str:

@@ -30,6 +30,9 @@ class ModelConfig:
 class CacheConfig:
     block_size: int = 16
     kv_cache_memory: int = 2 << 30  # bytes for the whole KV cache (per rank)
+    # the cache's element type: "auto" = the model's dtype, or one its attention backend lists in
+    # supported_kv_cache_dtypes ("bfloat16" under a float32 model halves the cache)
+    kv_cache_dtype: str = "auto"
     num_blocks: int | None = None  # set by the worker after profiling
     enable_prefix_caching: bool = True
     sliding_window: int | None = None  # from the model: no layer looks further back (older KV blocks are freed)

@@ -33,7 +33,8 @@ logger = logging.getLogger("kernelcore.run_batch")
 # `kc serve` options that mean the same here, shared (not copied) so their help, defaults and env vars match.
 SERVE_PARAMS = (
     "model", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "distributed_executor_backend",
-    "max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "dtype",
+    "max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "kv_cache_dtype",
+    "dtype",
     "quantization", "tokenizer", "num_threads", "hf_overrides", "chat_template", "trust_request_chat_template",
     "allow_special_tokens_in_content", "max_choices", "response_role", "served_model_name", "enable_prefix_caching",
     "seed", "enforce_eager", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules",

@@ -111,6 +111,10 @@ _OPTIONS = (
          help="Token budget per engine step."),
     _opt("--kv-cache-memory", env="KC_KV_CACHE_MEMORY", default=None,
          help="KV-cache size per rank, e.g. 2GiB (on the CPU it takes memory as tokens fill it)."),
+    _opt("--kv-cache-dtype", env="KC_KV_CACHE_DTYPE", default=None,
+         type=click.Choice(["auto", "float32", "bfloat16"]),
+         help="KV-cache element type [default: auto, the model's dtype]; bfloat16 under a float32 model halves "
+              "the cache (the CPU platform)."),
     _opt("--dtype", env="KC_DTYPE", default=None, type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
          help="Weight and activation dtype [default: the platform's; float32 on CPU, where 'auto' picks bfloat16 "
               "if the CPU has native bf16]."),

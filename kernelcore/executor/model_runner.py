@@ -53,8 +53,23 @@ class ModelRunner:
 
             self.lora_manager = LoRAModelManager(self.model, self.config)
 
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The KV cache's element type: the model's, or ``cache.kv_cache_dtype`` where every attention layer's
+        backend lists it (else a ValueError at start-up, naming the backend)."""
+        name = self.config.cache.kv_cache_dtype
+        if name == "auto":
+            return self.dtype
+        for layer in self.attn_layers:
+            backend = layer.backend
+            if get_dtype(name) != self.dtype and name not in getattr(backend, "supported_kv_cache_dtypes", ()):
+                raise ValueError(f"kv_cache_dtype={name!r}: the attention backend {backend.get_name()} keeps its "
+                                 f"cache in the model's dtype ({self.config.model.dtype}) or "
+                                 f"{', '.join(getattr(backend, 'supported_kv_cache_dtypes', ())) or 'nothing else'}")
+        return get_dtype(name)
+
     def kv_cache_bytes_per_block(self) -> int:
-        element_size = torch.empty((), dtype=self.dtype).element_size()
+        element_size = torch.empty((), dtype=self.kv_cache_dtype).element_size()
         return sum(2 * self.block_size * a.num_kv_heads * a.head_size * element_size for a in self.attn_layers)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -64,7 +79,7 @@ class ModelRunner:
             # With graphs, one spare block past the scheduler's: padded decode rows write their K/V there.
             shape = layer.backend.get_kv_cache_shape(num_blocks + (graph_backend is not None), self.block_size,
                                                      layer.num_kv_heads, layer.head_size)
-            layer.kv_cache = self.new_kv_cache(shape, self.dtype)
+            layer.kv_cache = self.new_kv_cache(shape, self.kv_cache_dtype)
             self.kv_caches.append(layer.kv_cache)
         self.num_blocks = num_blocks
         if graph_backend is not None:

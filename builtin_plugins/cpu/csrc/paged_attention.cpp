@@ -145,8 +145,8 @@ struct Span {
 // transposed ([hs, bs] per block and head), so a query meets a whole block of keys in one vector FMA per d;
 // values are [bs, hs] rows. Blocks are the outer loop: each block's slabs for these heads are adjacent in
 // memory, so a sequence's cache is read as a few long streams instead of many 4 KiB pieces.
-template <typename T, int NV, int NB>
-void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table, int64_t query_len,
+template <typename T, typename C, int NV, int NB>
+void decode_one_vec(const T* q, const C* k_cache, const C* v_cache, const int64_t* block_table, int64_t query_len,
                     const Span& span, T* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
   constexpr int64_t hs = 16 * NV, bs = 16 * NB, slab = hs * bs;
   // Query rows per pass over a block, so that each pass's accumulators fit the registers: for the scores a
@@ -162,12 +162,12 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
   for (int64_t i = 0; i < num_rows * hs; ++i) qf[i] = to_float(q[i]) * s.scale;
 
   // Pass 1: scores[h * group + g, t - base] = q . k_t
-  const int64_t item_bytes = num_item_heads * slab * sizeof(T), last_block = (seq_len - 1) / bs;
+  const int64_t item_bytes = num_item_heads * slab * sizeof(C), last_block = (seq_len - 1) / bs;
   for (int64_t t0 = base, b = first_block; t0 < seq_len; t0 += bs, ++b) {
     if (b + KC_PREFETCH_BLOCKS <= last_block)
       prefetch(k_cache + block_table[b + KC_PREFETCH_BLOCKS] * block_stride, item_bytes);
     for (int64_t h = 0; h < num_item_heads; ++h) {
-      const T* kt = k_cache + block_table[b] * block_stride + h * slab;
+      const C* kt = k_cache + block_table[b] * block_stride + h * slab;
       for (int64_t g = 0; g < group; g += GS) {
         const int64_t row = h * group + g;
         const float* qr = qf + row * hs;
@@ -190,7 +190,7 @@ void decode_one_vec(const T* q, const T* k_cache, const T* v_cache, const int64_
     if (b + KC_PREFETCH_BLOCKS <= last_block)
       prefetch(v_cache + block_table[b + KC_PREFETCH_BLOCKS] * block_stride, item_bytes);
     for (int64_t h = 0; h < num_item_heads; ++h) {
-      const T* vb = v_cache + block_table[b] * block_stride + h * slab;
+      const C* vb = v_cache + block_table[b] * block_stride + h * slab;
       for (int64_t g = 0; g < group; g += GV) {
         const int64_t row = h * group + g;
         const float* pr = scores + row * stride + (t0 - base);
@@ -236,8 +236,8 @@ void merge_spans(const float* partials, int64_t num_spans, int64_t num_rows, int
 }
 
 // Any head and block size, plain loops (the vector path covers the common shapes).
-template <typename T>
-void decode_one_head(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table,
+template <typename T, typename C>
+void decode_one_head(const T* q, const C* k_cache, const C* v_cache, const int64_t* block_table,
                      int64_t seq_len, T* out, const Shape& s, float* scores, float* qf) {
   const int64_t hs = s.head_size, bs = s.block_size;
   const int64_t group = s.num_heads / s.num_kv_heads;
@@ -245,7 +245,7 @@ void decode_one_head(const T* q, const T* k_cache, const T* v_cache, const int64
   const int64_t start = first_visible(s, seq_len), len = seq_len - start;  // scores[g, t - start]
   for (int64_t i = 0; i < group * hs; ++i) qf[i] = to_float(q[i]) * s.scale;
   for (int64_t t0 = start / bs * bs, b = start / bs; t0 < seq_len; t0 += bs, ++b) {
-    const T* kt = k_cache + block_table[b] * block_stride;
+    const C* kt = k_cache + block_table[b] * block_stride;
     const int64_t n = std::min(bs, seq_len - t0);
     for (int64_t g = 0; g < group; ++g)
       for (int64_t i = std::max<int64_t>(0, start - t0); i < n; ++i) {
@@ -260,7 +260,7 @@ void decode_one_head(const T* q, const T* k_cache, const T* v_cache, const int64
     float* acc = qf + g * hs;  // q is no longer needed: its buffer holds the output row
     std::fill(acc, acc + hs, 0.f);
     for (int64_t t0 = start / bs * bs, b = start / bs; t0 < seq_len; t0 += bs, ++b) {
-      const T* vb = v_cache + block_table[b] * block_stride;
+      const C* vb = v_cache + block_table[b] * block_stride;
       const int64_t n = std::min(bs, seq_len - t0);
       for (int64_t i = std::max<int64_t>(0, start - t0); i < n; ++i) {
         const float p = scores[g * len + t0 + i - start];
@@ -271,8 +271,8 @@ void decode_one_head(const T* q, const T* k_cache, const T* v_cache, const int64
   }
 }
 
-template <typename T>
-void decode_one_generic(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_table,
+template <typename T, typename C>
+void decode_one_generic(const T* q, const C* k_cache, const C* v_cache, const int64_t* block_table,
                         int64_t seq_len, T* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
   // (whole sequences only: decode_all never splits for this path)
   const int64_t group_elems = s.num_heads / s.num_kv_heads * s.head_size, slab = s.head_size * s.block_size;
@@ -290,17 +290,17 @@ struct Decoder {
   MergeSpans merge;
 };
 
-template <typename T, int NV, int NB>
+template <typename T, typename C, int NV, int NB>
 void vec_entry(const void* q, const void* k, const void* v, const int64_t* bt, int64_t len, const Span& span,
                void* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
-  decode_one_vec<T, NV, NB>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), bt, len,
+  decode_one_vec<T, C, NV, NB>(static_cast<const T*>(q), static_cast<const C*>(k), static_cast<const C*>(v), bt, len,
                             span, static_cast<T*>(out), s, num_item_heads, scores, qf);
 }
 
-template <typename T>
+template <typename T, typename C>
 void generic_entry(const void* q, const void* k, const void* v, const int64_t* bt, int64_t len, const Span&,
                    void* out, const Shape& s, int64_t num_item_heads, float* scores, float* qf) {
-  decode_one_generic<T>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), bt, len,
+  decode_one_generic<T, C>(static_cast<const T*>(q), static_cast<const C*>(k), static_cast<const C*>(v), bt, len,
                         static_cast<T*>(out), s, num_item_heads, scores, qf);
 }
 
@@ -309,22 +309,24 @@ void merge_entry(const float* partials, int64_t num_spans, int64_t num_rows, int
   merge_spans<T>(partials, num_spans, num_rows, hs, static_cast<T*>(out));
 }
 
-template <typename T, int NV>
+template <typename T, typename C, int NV>
 Decoder pick_block(int64_t block_size) {
-  if (block_size == 16) return {vec_entry<T, NV, 1>, true, merge_entry<T>};
-  if (block_size == 32) return {vec_entry<T, NV, 2>, true, merge_entry<T>};
-  return {generic_entry<T>, false, merge_entry<T>};
+  if (block_size == 16) return {vec_entry<T, C, NV, 1>, true, merge_entry<T>};
+  if (block_size == 32) return {vec_entry<T, C, NV, 2>, true, merge_entry<T>};
+  return {generic_entry<T, C>, false, merge_entry<T>};
 }
 
-template <typename T>
+// T: the queries' and the output's element type; C: the cache's (bfloat16 under float32 queries halves the
+// bytes each step reads and the cache's memory; every product is still float32).
+template <typename T, typename C>
 Decoder pick(const Shape& s) {
   switch (s.head_size) {
-    case 64: return pick_block<T, 4>(s.block_size);
-    case 80: return pick_block<T, 5>(s.block_size);
-    case 96: return pick_block<T, 6>(s.block_size);
-    case 128: return pick_block<T, 8>(s.block_size);
-    case 256: return pick_block<T, 16>(s.block_size);  // Gemma 3 (the plain loops were 3% of its decode step)
-    default: return {generic_entry<T>, false, merge_entry<T>};
+    case 64: return pick_block<T, C, 4>(s.block_size);
+    case 80: return pick_block<T, C, 5>(s.block_size);
+    case 96: return pick_block<T, C, 6>(s.block_size);
+    case 128: return pick_block<T, C, 8>(s.block_size);
+    case 256: return pick_block<T, C, 16>(s.block_size);  // Gemma 3 (the plain loops were 3% of its decode step)
+    default: return {generic_entry<T, C>, false, merge_entry<T>};
   }
 }
 
@@ -334,7 +336,7 @@ Decoder pick(const Shape& s) {
 // threads left one thread idle a third of the time, Gemma 3's 1 kept one thread for the whole attention.
 constexpr int64_t SPAN = 512;
 
-void decode_all(const Decoder& decoder, int64_t element_size, const char* q, const char* k_cache, const char* v_cache,
+void decode_all(const Decoder& decoder, int64_t element_size, int64_t cache_element_size, const char* q, const char* k_cache, const char* v_cache,
                 const int64_t* block_tables, const int64_t* seq_lens, char* out, int64_t num_seqs,
                 int64_t max_seq_len, const Shape& s, int num_threads) {
   const int64_t group = s.num_heads / s.num_kv_heads;
@@ -342,7 +344,7 @@ void decode_all(const Decoder& decoder, int64_t element_size, const char* q, con
   // there are too few sequences to keep every thread busy, and one span of it when the sequence is long.
   const int64_t item_heads = num_seqs >= 4 * kc_threads(num_threads) ? s.num_kv_heads : 1;
   const int64_t items_per_seq = s.num_kv_heads / item_heads;
-  const int64_t head_stride = s.head_size * s.block_size * element_size;  // one kv head's slab of a block
+  const int64_t head_stride = s.head_size * s.block_size * cache_element_size;  // one kv head's slab of a block
   const int64_t padded_len = (std::max<int64_t>(max_seq_len, 1) + s.block_size - 1) / s.block_size * s.block_size;
   const int64_t rows = item_heads * group, span_floats = rows * (s.head_size + 2);
   struct Item {
@@ -396,8 +398,8 @@ void decode_all(const Decoder& decoder, int64_t element_size, const char* q, con
 
 }  // namespace
 
-template <typename T>
-void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_stride, T* k_cache, T* v_cache,
+template <typename T, typename C>
+void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_stride, C* k_cache, C* v_cache,
               const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
               int64_t block_size, int num_threads) {
   const int64_t head_stride = head_size * block_size, block_stride = num_kv_heads * head_stride;
@@ -407,10 +409,16 @@ void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_st
     const int64_t block = slot / block_size, offset = slot % block_size;
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const T* kr = k + t * k_token_stride + h * head_size;
-      T* kt = k_cache + block * block_stride + h * head_stride + offset;  // column `offset` of [hs, bs]
-      for (int64_t d = 0; d < head_size; ++d) kt[d * block_size] = kr[d];
-      std::memcpy(v_cache + block * block_stride + h * head_stride + offset * head_size,
-                  v + t * v_token_stride + h * head_size, head_size * sizeof(T));
+      C* kt = k_cache + block * block_stride + h * head_stride + offset;  // column `offset` of [hs, bs]
+      const T* vr = v + t * v_token_stride + h * head_size;
+      C* vc = v_cache + block * block_stride + h * head_stride + offset * head_size;
+      if constexpr (std::is_same_v<T, C>) {
+        for (int64_t d = 0; d < head_size; ++d) kt[d * block_size] = kr[d];
+        std::memcpy(vc, vr, head_size * sizeof(T));
+      } else {  // float32 rows into a bfloat16 cache: rounded to nearest even, as torch's .to(bfloat16)
+        for (int64_t d = 0; d < head_size; ++d) store(kt + d * block_size, to_float(kr[d]));
+        for (int64_t d = 0; d < head_size; ++d) store(vc + d, to_float(vr[d]));
+      }
     }
   }
 }
@@ -419,23 +427,27 @@ void write_kv(const T* k, const T* v, int64_t k_token_stride, int64_t v_token_st
 // [head_size, block_size] slab, each value into row `offset` of the [block_size, head_size] slab. k/v rows
 // are [num_kv_heads, head_size] contiguous, `*_token_stride` elements apart. Returns OK, BAD_ARGS for an unknown
 // dtype, OUT_OF_RANGE for a slot outside the cache (nothing is written then).
-extern "C" int kc_write_kv(int dtype, const void* k, const void* v, int64_t k_token_stride, int64_t v_token_stride,
+extern "C" int kc_write_kv(int dtype, int cache_dtype, const void* k, const void* v, int64_t k_token_stride, int64_t v_token_stride,
                            void* k_cache, void* v_cache, const int64_t* slot_mapping, int64_t num_tokens,
                            int64_t num_kv_heads, int64_t head_size, int64_t block_size, int64_t num_cache_blocks,
                            int num_threads) {
   for (int64_t t = 0; t < num_tokens; ++t)
     if (slot_mapping[t] < 0 || slot_mapping[t] >= num_cache_blocks * block_size) return kc::OUT_OF_RANGE;
+  if (cache_dtype != dtype && !(dtype == kc::F32 && cache_dtype == kc::BF16)) return kc::BAD_ARGS;
   return kc::with_dtype(dtype, [&](auto type) {
     using T = decltype(type);
-    write_kv(static_cast<const T*>(k), static_cast<const T*>(v), k_token_stride, v_token_stride,
-             static_cast<T*>(k_cache), static_cast<T*>(v_cache), slot_mapping, num_tokens, num_kv_heads, head_size,
-             block_size, num_threads);
+    return kc::with_dtype(cache_dtype, [&](auto cache_type) {
+      using C = decltype(cache_type);
+      write_kv(static_cast<const T*>(k), static_cast<const T*>(v), k_token_stride, v_token_stride,
+               static_cast<C*>(k_cache), static_cast<C*>(v_cache), slot_mapping, num_tokens, num_kv_heads, head_size,
+               block_size, num_threads);
+    });
   });
 }
 
 // dtype: kc::Dtype. Returns OK, BAD_ARGS for shapes the kernel does not handle, OUT_OF_RANGE for a block table
 // that points outside the cache.
-extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, const void* v_cache,
+extern "C" int kc_paged_decode(int dtype, int cache_dtype, const void* q, const void* k_cache, const void* v_cache,
                                const int64_t* block_tables, const int64_t* seq_lens, void* out, int64_t num_seqs,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
                                int64_t max_blocks, int64_t num_cache_blocks, float scale, int64_t window,
@@ -443,6 +455,7 @@ extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, co
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64) return kc::BAD_ARGS;
   if (num_heads > 1024 || block_size <= 0 || head_size <= 0 || window < 0) return kc::BAD_ARGS;
   if (dtype != kc::F32 && dtype != kc::BF16) return kc::BAD_ARGS;
+  if (cache_dtype != dtype && !(dtype == kc::F32 && cache_dtype == kc::BF16)) return kc::BAD_ARGS;
   const Shape s{num_heads, num_kv_heads, head_size, block_size, max_blocks, scale, window};
   // Every block a sequence reads must exist: a bad table is an error here, not a read out of bounds.
   int64_t max_seq_len = 0;
@@ -457,9 +470,12 @@ extern "C" int kc_paged_decode(int dtype, const void* q, const void* k_cache, co
   }
   return kc::with_dtype(dtype, [&](auto type) {
     using T = decltype(type);
-    decode_all(pick<T>(s), sizeof(T), static_cast<const char*>(q), static_cast<const char*>(k_cache),
-               static_cast<const char*>(v_cache), block_tables, seq_lens, static_cast<char*>(out), num_seqs,
-               max_seq_len, s, num_threads);
+    return kc::with_dtype(cache_dtype, [&](auto cache_type) {
+      using C = decltype(cache_type);
+      decode_all(pick<T, C>(s), sizeof(T), sizeof(C), static_cast<const char*>(q), static_cast<const char*>(k_cache),
+                 static_cast<const char*>(v_cache), block_tables, seq_lens, static_cast<char*>(out), num_seqs,
+                 max_seq_len, s, num_threads);
+    });
   });
 }
 
