@@ -330,9 +330,15 @@ def kc_argv(path: str, flags: list[str], port: int, threads: int, max_model_len:
             "--kv-cache-memory", "2GiB", "--num-threads", str(threads), *flags, *extra]
 
 
+# The base servers' context: llama-server's 32 slots of SLOT_CTX tokens each (-c is split among the slots), kc's
+# --max-num-seqs 32 at --max-model-len SLOT_CTX, so both hold at most 32 * SLOT_CTX tokens of KV cache (the same
+# context, for the resident-memory row).
+SLOT_CTX = 1024
+
+
 def llama_argv(binary: str, gguf: str, port: int, threads: int, ctx: int | None = None) -> list[str]:
-    """``ctx``: one slot of that context (the TTFT servers); else 32 slots of 1024 (-c is split among slots)."""
-    slots = ["-np", "32", "-c", str(32 * 1024)] if ctx is None else ["-np", "1", "-c", str(ctx)]
+    """``ctx``: one slot of that context (the TTFT servers); else 32 slots of SLOT_CTX."""
+    slots = ["-np", "32", "-c", str(32 * SLOT_CTX)] if ctx is None else ["-np", "1", "-c", str(ctx)]
     return [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads),
             *slots, "--no-webui", "--load-mode", "none"]
 
@@ -419,7 +425,7 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
                 ports = {}
                 for kind in engines:  # both up, idle but for the one being measured
                     port = ports[kind] = free_port()
-                    argv = (kc_argv(path, flags, port, threads, ctx or 2048, kc_extra) if kind == "kc"
+                    argv = (kc_argv(path, flags, port, threads, ctx or SLOT_CTX, kc_extra) if kind == "kc"
                             else llama_argv(binary, gguf, port, threads, ctx))
                     # llama.cpp's weight repacking for some CPUs crashes on load (seen: Q8_0 on an AMX Xeon); its
                     # plain layout is what such a user would be left with.

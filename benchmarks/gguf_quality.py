@@ -220,14 +220,15 @@ def measure(path: str, llamacpp: bool = False, **llm_kwargs) -> dict:
 @click.argument("files", nargs=-1, required=True)
 @click.option("--llamacpp", is_flag=True, help="also run llama.cpp on the same checks")
 @click.option("--dtype", default="float32", show_default=True)
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="kc's KV cache: auto, float32, bfloat16")
 @click.option("--int-dot", "int_dots", multiple=True,
               help="KC_CPU_GGUF_INT_DOT settings to measure kernelcore under (repeatable: auto, none, all, Q8_0, "
               "Q4_1,Q8_0, ...) [default: the environment's, else auto]")
-def main(files: tuple[str, ...], llamacpp: bool, dtype: str, int_dots: tuple[str, ...]) -> None:
+def main(files: tuple[str, ...], llamacpp: bool, dtype: str, kv_cache_dtype: str, int_dots: tuple[str, ...]) -> None:
     settings = list(int_dots) or [os.environ.get("KC_CPU_GGUF_INT_DOT", "auto")]
     for path in files:
-        for r in measure_settings(path, settings, llamacpp, dtype=dtype):
-            print(f"{r['file']}: {r['tokens']} tokens, KC_CPU_GGUF_INT_DOT={r['int_dot']}")
+        for r in measure_settings(path, settings, llamacpp, dtype=dtype, kv_cache_dtype=kv_cache_dtype):
+            print(f"{r['file']}: {r['tokens']} tokens, KC_CPU_GGUF_INT_DOT={r['int_dot']}, KV cache {kv_cache_dtype}")
             print(f"  perplexity      reference {r['ppl_reference']:.4f}  kernelcore {r['ppl_kernelcore']:.4f} "
                   f"({100 * (r['ppl_kernelcore'] / r['ppl_reference'] - 1):+.2f}%)")
             print(f"  greedy {GREEDY_TOKENS} tokens kernelcore {r['agree_kernelcore']}/{NUM_PROMPTS} prompts equal to "

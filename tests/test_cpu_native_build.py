@@ -95,3 +95,16 @@ def test_avx2_kernels_build_apart_from_native(tmp_path):
     assert all(s.startswith("ok: ") and ", avx2" in s and "avx512" not in s for s in status.values()), status
     assert "vpmaddubsw" in status["cpu.gguf_matmul"] or "avxvnni" in status["cpu.gguf_matmul"]
     assert len(list(Path(tmp_path / "cache" / "cpu-kernels").glob("gguf_matmul-*.so"))) == 1
+
+
+@pytest.mark.slow
+def test_kc_plugins_shows_each_library_and_a_missing_one_with_its_reason(tmp_path):
+    from tests.helpers import run_kc
+
+    report = json.loads(run_kc("plugins", "--json").stdout)
+    assert set(report["components"]) == {"cpu.gguf_matmul", "cpu.paged_attention", "cpu.pointwise",
+                                         "cpu.small_gemm"}
+    assert all(status.startswith("ok: ") for status in report["components"].values()), report["components"]
+    text = run_kc("plugins", KC_CACHE_DIR=str(tmp_path), CXX="/bin/false").stdout
+    line = next(line for line in text.splitlines() if line.strip().startswith("cpu.gguf_matmul"))
+    assert "missing: " in line and "/bin/false" in line and "torch ops" in line

@@ -63,14 +63,29 @@ def test_the_base_models_completion_is_the_references(gemma3_gguf):
     assert list(out.outputs[0].token_ids) == expected[0, len(prompt_ids):].tolist()
 
 
+# llama.cpp 0.3.36's greedy agreement on gguf_quality.py's check (prompts of 8 equal to the float32 reference
+# throughout; `python benchmarks/gguf_quality.py --llamacpp FILE`, docs/quantization.md): the bound the int path's
+# default types are held to, with perplexity within INT_PPL_BOUND.
+LLAMACPP_AGREEMENT = {"smollm2_gguf": 6, "gemma3_gguf": 3}
+
+
 @pytest.mark.parametrize("name", ["smollm2_gguf", "gemma3_gguf"])
-def test_quality_against_the_float32_reference_of_the_same_file(name, request):
+@pytest.mark.parametrize("int_dot", ["none", "auto"])
+def test_quality_against_the_float32_reference_of_the_same_file(name, int_dot, request, monkeypatch):
+    """The exact path (none) and the default policy (auto: the int path allowed for INT_DEFAULT_TYPES) with the
+    int path forced wherever allowed (KC_CPU_TUNE_LINEARS=0: the tuner could otherwise leave it unused)."""
     from gguf_quality import NUM_PROMPTS, measure
 
+    from builtin_plugins.cpu.gguf_native import INT_PPL_BOUND
+
+    monkeypatch.setenv("KC_CPU_GGUF_INT_DOT", int_dot)
+    monkeypatch.setenv("KC_CPU_TUNE_LINEARS", "0")
     result = measure(request.getfixturevalue(name))
     print(result)
-    assert abs(result["ppl_kernelcore"] / result["ppl_reference"] - 1) <= 0.01
-    assert result["agree_kernelcore"] >= 6 and NUM_PROMPTS == 8
+    assert abs(result["ppl_kernelcore"] / result["ppl_reference"] - 1) <= (1e-4 if int_dot == "none" else INT_PPL_BOUND)
+    assert NUM_PROMPTS == 8
+    # (the exact path agreed 8/8 on both files where measured; one near-tie of another CPU's sum order is allowed)
+    assert result["agree_kernelcore"] >= (NUM_PROMPTS - 1 if int_dot == "none" else LLAMACPP_AGREEMENT[name])
 
 
 def test_every_quantized_layer_keeps_the_files_blocks(gemma3_gguf):
