@@ -87,3 +87,23 @@ def test_tuning_installs_a_choice_per_part_shape_and_apply_follows_it():
         with torch.inference_mode():
             chosen = tuned.impls[row_index(5)](part, x, None)
             assert torch.equal(part.quant_method.apply(part, x, None), chosen)
+
+
+@pytest.mark.parametrize("setting", ["none", "all"])
+def test_calls_of_up_to_16_rows_take_one_row_exact_path(setting):
+    """Decode batches and speculative verifications: one path (float or int, each computing a row the same whatever
+    the call's other rows) for every call of up to 16 rows, so a row alone and the same row among 5 or 16 others
+    give the same bits (a verification's tokens equal plain decoding's)."""
+    from builtin_plugins.cpu.gguf_linear import SAME_PATH_ROWS
+
+    model = nn.Sequential(*(make_part("Q4_1", 96, 256, i, setting)[0] for i in range(2)))
+    tune_linears(model, max_rows=64)
+    tuned = model[0].__dict__["_tuned_linear"]
+    small = {tuned.names[row_index(rows)] for rows in range(1, SAME_PATH_ROWS + 1)}
+    assert len(small) == 1 and small <= {"float", "int"}, tuned.names
+    x = torch.randn(16, 256, generator=torch.Generator().manual_seed(2))
+    part = model[0]
+    with torch.inference_mode():
+        alone = part.quant_method.apply(part, x[3:4], None)
+        for rows in (5, 16):
+            assert torch.equal(part.quant_method.apply(part, x[:rows], None)[3:4], alone)

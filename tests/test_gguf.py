@@ -17,6 +17,14 @@ from conftest_models import make_checkpoint, make_llama_checkpoint
 from gguf_helpers import add_tokenizer, write_gguf
 
 
+@pytest.fixture(autouse=True)
+def exact_path(monkeypatch):
+    """The float kernel for every type: these tests bound the error by float32 rounding. (The int path of the
+    quality policy's types is bounded in test_cpu_gguf_kernels.py and held to its quality bound in
+    test_gguf_real.py.)"""
+    monkeypatch.setenv("KC_CPU_GGUF_INT_DOT", "none")
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")

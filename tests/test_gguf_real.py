@@ -42,8 +42,10 @@ def test_the_instruct_model_answers_through_the_server_and_the_openai_client(smo
     assert reply.choices[0].finish_reason == "stop"  # the template's <|im_end|> ends the turn
 
 
-def test_the_base_models_completion_is_the_references(gemma3_gguf):
-    """Greedy continuation of "The capital of France is": the token ids transformers generates from the file."""
+def test_the_base_models_completion_is_the_references(gemma3_gguf, monkeypatch):
+    """Greedy continuation of "The capital of France is": the token ids transformers generates from the file, on
+    the exact path (the float kernel for every type)."""
+    monkeypatch.setenv("KC_CPU_GGUF_INT_DOT", "none")
     from gguf_quality import reference_model
 
     from kernelcore import LLM, SamplingParams
@@ -117,9 +119,10 @@ def test_every_quantized_layer_keeps_the_files_blocks(gemma3_gguf):
     assert model_bytes <= 1.05 * os.path.getsize(gemma3_gguf)
 
 
-def test_a_bfloat16_kv_cache_decodes_as_the_float32_cache_does(smollm2_gguf):
+def test_a_bfloat16_kv_cache_decodes_as_the_float32_cache_does(smollm2_gguf, monkeypatch):
     """--kv-cache-dtype bfloat16 under the float32 activations: half the cache per token (twice the blocks in the
-    same memory), and the real model's greedy answers equal the float32 cache's."""
+    same memory), and the real model's greedy answers on the exact path equal the float32 cache's."""
+    monkeypatch.setenv("KC_CPU_GGUF_INT_DOT", "none")
     from kernelcore import LLM, SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)

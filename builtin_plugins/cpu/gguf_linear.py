@@ -21,6 +21,10 @@ from builtin_plugins.quantization.gguf import GGUFBlocksMethod
 from kernelcore import envs
 from kernelcore.models.gguf_params import GGUFPart
 
+# Calls of up to this many rows (decode batches, speculative verifications of up to 15 drafts) take one path per
+# part shape: each path computes a row the same whatever the call's other rows, so a token does not depend on the
+# batch it shares or on speculation (the int and float paths round differently).
+SAME_PATH_ROWS = 16
 DEQUANT_TILE_BYTES = 1 << 20  # rows dequantized per GEMM: an L2-sized tile, written and read back from cache
 
 
@@ -66,7 +70,8 @@ class CpuGGUFMethod(GGUFBlocksMethod):
 
             impls = {how: native(how) for how in kernel.options(part.gguf_type) if how != "int" or self.allow_int}
         key = (type(self).__name__, (part.output_size, part.input_size), part.gguf_type, "int" in impls)
-        return Candidates(key, part.params_dtype, impls, in_features=part.input_size)
+        return Candidates(key, part.params_dtype, impls, in_features=part.input_size, same_upto=SAME_PATH_ROWS,
+                          row_exact=("float", "int"))  # (dequant's GEMM may sum a row differently per row count)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         kernel, part = self.kernel, cast(GGUFPart, layer)

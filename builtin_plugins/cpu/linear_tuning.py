@@ -55,6 +55,12 @@ class Candidates:
     dtype: torch.dtype
     impls: dict[str, Impl]
     in_features: int = 0  # the activations' width where the weight tensor's last dimension is not (packed blocks)
+    # Calls of up to this many rows all take one implementation of ``row_exact`` (those computing each row the same
+    # whatever the call's other rows), the one nearest the fastest over those counts: a row's result then does not
+    # depend on how many rows its call has, so a speculative verification's rows equal plain decoding's and a
+    # request's tokens do not change with the batch it shares. 0: a choice per count.
+    same_upto: int = 0
+    row_exact: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,8 @@ def tune_linears(model: nn.Module, max_rows: int = ROW_COUNTS[-1],
                 begin = time.perf_counter()
                 _time_at(list(groups.values()), rows)
                 logger.debug("linear tuning: %d rows in %.3f s", rows, time.perf_counter() - begin)
+        for group in groups.values():
+            _one_choice_for_small_calls(group, counts)
         # Counts not timed (past max_rows, or every implementation refused) take the last measured choice.
         measured = {key: tuple(group.winners + [group.winners[-1]] * (len(ROW_COUNTS) - len(group.winners)))
                     for key, group in groups.items() if group.winners}
@@ -128,6 +136,7 @@ class _Group:
         self.layers: list[nn.Module] = []
         self.alive = dict(candidates.impls)
         self.winners: list[str] = []
+        self.times: list[dict[str, float]] = []  # per timed count: each implementation's best seconds
         self.ratios: dict[str, float] = {}  # each implementation's time over the winner's, at the last count
         self.done = False
 
@@ -171,6 +180,7 @@ def _time_at(groups: list[_Group], rows: int) -> None:
         logger.debug("linear %s at %d rows over %d layers: %s", group.candidates.key, rows, len(sample),
                      {name: f"{seconds * 1e3:.3f} ms" for name, seconds in best.items()})
         group.winners.append(winner)
+        group.times.append(best)
         # Dropped: what is far behind and falling further behind as rows grow. An implementation with a fixed
         # cost per call (converting the weight) is far behind at one row and ahead at many.
         ratios = {name: best[name] / best[winner] for name in best}
@@ -181,6 +191,22 @@ def _time_at(groups: list[_Group], rows: int) -> None:
         # A call this long is compute bound at any larger count too: the ranking no longer moves, and timing
         # it again would cost seconds (a vocabulary-sized head at hundreds of rows).
         group.done = best[winner] / len(sample) > LONG_CALL_S
+
+
+def _one_choice_for_small_calls(group: _Group, counts: list[int]) -> None:
+    """Counts up to ``same_upto`` take the ``row_exact`` implementation whose time over the fastest's, summed over
+    those counts, is least (among those timed at every one of them)."""
+    upto = group.candidates.same_upto
+    small = [i for i, rows in enumerate(counts[:len(group.times)]) if rows <= upto]
+    if len(small) < 2:
+        return
+    names = set.intersection(*(set(group.times[i]) for i in small)) & set(group.candidates.row_exact)
+    if not names:
+        return
+    cost = {name: sum(group.times[i][name] / min(group.times[i].values()) for i in small) for name in names}
+    choice = min(sorted(cost), key=cost.__getitem__)
+    for i in small:
+        group.winners[i] = choice
 
 
 def _stream_sample(layers: list[nn.Module]) -> list[nn.Module]:
@@ -199,7 +225,8 @@ def _identity(groups: dict[tuple, _Group], counts: list[int]) -> str:
               for path in source_files(source)]
     parts = [cpu_id(), torch.__version__, str(torch.get_num_threads()), *kernel, repr(counts), repr(SAMPLE_BYTES),
              " ".join(compile_flags())]
-    parts += [repr((key, str(g.candidates.dtype), len(g.layers), sorted(g.candidates.impls)))
+    parts += [repr((key, str(g.candidates.dtype), len(g.layers), sorted(g.candidates.impls), g.candidates.same_upto,
+                    g.candidates.row_exact))
               for key, g in groups.items()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
