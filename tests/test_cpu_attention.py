@@ -214,8 +214,8 @@ def test_sliding_window_prefill_chunks_and_decodes_past_the_window(shape, window
     reuses them), so reading any of them would show."""
     num_heads, num_kv_heads, head_size, block_size = shape
     impl = make_impl(num_heads, num_kv_heads, head_size, native, sliding_window=window)
-    steps = [[(0, 30), (0, 5), (0, 1)], [(30, 1), (5, 17), (1, 40)]]
-    lens = [31, 22, 41]
+    steps = [[(0, 30), (0, 5), (0, 1), (0, 100)], [(30, 1), (5, 17), (1, 40), (100, 45)]]  # 100: many windows
+    lens = [31, 22, 41, 145]
     for _ in range(24):
         steps.append([(n, 1) for n in lens])
         lens = [n + 1 for n in lens]

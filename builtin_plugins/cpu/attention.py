@@ -157,10 +157,26 @@ class CpuAttentionImpl(AttentionImpl):
 
     def _windowed(self, q, k, v):
         """q [Lq, H, D] over consecutive keys k/v [Lk, Hkv, D] whose last Lq are the queries' own: an explicitly
-        masked attention, the query at p seeing keys p - window + 1 .. p."""
-        num_q, num_k = q.shape[0], k.shape[0]
-        q_pos = torch.arange(num_k - num_q, num_k)[:, None]
-        k_pos = torch.arange(num_k)[None, :]
+        masked attention, the query at p seeing keys p - window + 1 .. p. Queries go a window's worth at a time,
+        each block against the keys its window reaches (under 2 windows): a prompt of L tokens then costs
+        L x 2W scores instead of L x L (Gemma 3's 512-token local layers at 2048 tokens: 2.1 s of a 5.6 s
+        prefill before)."""
+        num_q, num_k, window = q.shape[0], k.shape[0], self.sliding_window
+        if num_q <= window:
+            return self._windowed_block(q, k, v, num_k - num_q)
+        out = torch.empty_like(q)
+        offset = num_k - num_q  # the position of the first query
+        for s in range(0, num_q, window):
+            e = min(s + window, num_q)
+            first = max(0, offset + s - window + 1)  # the first key the block's first query sees
+            out[s:e] = self._windowed_block(q[s:e], k[first:offset + e], v[first:offset + e], offset + s - first)
+        return out
+
+    def _windowed_block(self, q, k, v, first_query: int):
+        """q [Lq, H, D], the queries at positions first_query .. first_query + Lq - 1 of the keys k/v [Lk, Hkv, D]
+        (Lk = first_query + Lq)."""
+        q_pos = torch.arange(first_query, first_query + q.shape[0])[:, None]
+        k_pos = torch.arange(k.shape[0])[None, :]
         mask = (k_pos <= q_pos) & (k_pos > q_pos - self.sliding_window)
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(0, 1), self._heads_first(k), self._heads_first(v), attn_mask=mask, scale=self.scale)
