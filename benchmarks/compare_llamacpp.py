@@ -396,7 +396,8 @@ def main(precisions, workloads, num_runs, engines, threads, neighbours, kc_flags
         add_tokenizer(path, 32000)
         allow_long_context(path, CHECKPOINT_CTX)
         variants = [(p, PRECISIONS[p][0], path, None, 32000, CHECKPOINT_CTX) for p in precisions.split(",")]
-    click.echo(f"instruction sets: {isa}; llama-server {binary}; threads {threads}; load average {os.getloadavg()[0]:.1f}; runs interleaved")
+    click.echo(f"instruction sets: {isa}; llama-server {binary}; threads {threads}; "
+               f"load average {os.getloadavg()[0]:.1f}; runs interleaved")
     click.echo(f"kc serve extra flags: {shlex.join(kc_extra) if kc_extra else '(none: --max-num-batched-tokens 2048)'}")
     rows = []
     notes: set[str] = set()

@@ -207,7 +207,8 @@ def summarize(path: str, tokens: list[int], ref: dict, ours: dict, cpp: dict | N
     }
     if cpp is not None:
         result.update(agree_llamacpp=agreement(cpp["greedy"], ref["greedy"]),
-                      prefix_llamacpp=prefix_tokens(cpp["greedy"], ref["greedy"]), chunked_ppl_llamacpp=cpp["chunked_ppl"])
+                      prefix_llamacpp=prefix_tokens(cpp["greedy"], ref["greedy"]),
+                      chunked_ppl_llamacpp=cpp["chunked_ppl"])
     return result
 
 

@@ -9,6 +9,7 @@ A sliding-window layer reads only the blocks its window reaches (the engine free
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import torch
 
@@ -161,7 +162,7 @@ class CpuAttentionImpl(AttentionImpl):
         each block against the keys its window reaches (under 2 windows): a prompt of L tokens then costs
         L x 2W scores instead of L x L (Gemma 3's 512-token local layers at 2048 tokens: 2.1 s of a 5.6 s
         prefill before)."""
-        num_q, num_k, window = q.shape[0], k.shape[0], self.sliding_window
+        num_q, num_k, window = q.shape[0], k.shape[0], cast(int, self.sliding_window)
         if num_q <= window:
             return self._windowed_block(q, k, v, num_k - num_q)
         out = torch.empty_like(q)
@@ -175,9 +176,10 @@ class CpuAttentionImpl(AttentionImpl):
     def _windowed_block(self, q, k, v, first_query: int):
         """q [Lq, H, D], the queries at positions first_query .. first_query + Lq - 1 of the keys k/v [Lk, Hkv, D]
         (Lk = first_query + Lq)."""
+        window = cast(int, self.sliding_window)
         q_pos = torch.arange(first_query, first_query + q.shape[0])[:, None]
         k_pos = torch.arange(k.shape[0])[None, :]
-        mask = (k_pos <= q_pos) & (k_pos > q_pos - self.sliding_window)
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - window)
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(0, 1), self._heads_first(k), self._heads_first(v), attn_mask=mask, scale=self.scale)
         return out.transpose(0, 1)

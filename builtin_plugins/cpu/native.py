@@ -76,9 +76,9 @@ class PagedDecodeKernel:
                 and slot_mapping.dtype == torch.int64 and slot_mapping.shape == (num_tokens,)):
             raise ValueError("paged write: keys, values, caches or slot mapping do not match")
         slot_mapping = slot_mapping.contiguous()
-        status = launch(self._write, DTYPE_CODES[k.dtype], DTYPE_CODES[k_cache.dtype], k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0),
-                             k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), num_tokens, num_kv_heads,
-                             head_size, k_cache.shape[2], k_cache.shape[0], CURRENT_THREADS)
+        status = launch(self._write, DTYPE_CODES[k.dtype], DTYPE_CODES[k_cache.dtype], k.data_ptr(), v.data_ptr(),
+                        k.stride(0), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(),
+                        num_tokens, num_kv_heads, head_size, k_cache.shape[2], k_cache.shape[0], CURRENT_THREADS)
         if status != 0:
             raise ValueError("paged write: slot out of range")
 
@@ -111,10 +111,10 @@ class PagedDecodeKernel:
         block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
         num_seqs, num_heads, head_size = q.shape
         out = torch.empty_like(q)
-        status = launch(self._fn, DTYPE_CODES[q.dtype], DTYPE_CODES[k_cache.dtype], q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                          block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads,
-                          k_cache.shape[1], head_size, k_cache.shape[2], block_tables.shape[1], k_cache.shape[0],
-                          scale, sliding_window or 0, CURRENT_THREADS)
+        status = launch(self._fn, DTYPE_CODES[q.dtype], DTYPE_CODES[k_cache.dtype], q.data_ptr(), k_cache.data_ptr(),
+                        v_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), num_seqs,
+                        num_heads, k_cache.shape[1], head_size, k_cache.shape[2], block_tables.shape[1],
+                        k_cache.shape[0], scale, sliding_window or 0, CURRENT_THREADS)
         if status == -2:
             raise ValueError("paged decode: a block table points outside the KV cache or is too short")
         if status != 0:

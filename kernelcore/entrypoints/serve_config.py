@@ -17,8 +17,8 @@ from kernelcore.entrypoints.serve_options import parse_size, parse_speculative_o
 # Options that reach build_config as they are.
 ENGINE_KEYS = ("max_model_len", "block_size", "max_num_seqs", "max_num_batched_tokens", "dtype", "kv_cache_dtype",
                "quantization", "num_threads", "hf_overrides", "tensor_parallel_size", "pipeline_parallel_size",
-               "data_parallel_size", "distributed_executor_backend", "seed", "enable_prefix_caching", "served_model_name", "max_loras",
-               "max_lora_rank", "max_cpu_loras", "structured_outputs_backend")
+               "data_parallel_size", "distributed_executor_backend", "seed", "enable_prefix_caching",
+               "served_model_name", "max_loras", "max_lora_rank", "max_cpu_loras", "structured_outputs_backend")
 
 
 def check_model_options(o: Mapping[str, Any]) -> str | None:
