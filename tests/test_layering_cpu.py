@@ -18,7 +18,8 @@ LAYERS = {
     "cpuinfo": 1, "launch": 1, "native": 1,
     "pointwise": 2, "small_gemm": 2, "gguf_native": 2, "thread_policy": 2, "allocator": 2, "hugepages": 2,
     "linear": 3, "linear_tuning": 3, "moe": 3, "gguf_linear": 3,
-    "platform": 4, "worker": 4, "model_runner": 4, "attention": 4, "graphs": 4, "kernels": 4, "__init__": 4,
+    "platform": 4, "worker": 4, "model_runner": 4, "attention": 4, "graphs": 4, "kernels": 4, "components": 4,
+    "__init__": 4,
 }
 
 
